@@ -1,0 +1,1 @@
+"""The simulated engine: stands in for the GPU server, with vLLM's API and metric names."""

@@ -1,0 +1,32 @@
+"""The `sim:` section of a launch profile whose engine is the simulated engine."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from harness.schema import RelPath, StrictModel
+
+
+class FaultSettings(StrictModel):
+    """Faults the simulated server can inject, so tests can exercise the runner's recovery."""
+
+    exit_after_requests: int | None = Field(default=None, ge=1, description="hard exit after N requests")
+    ready_delay_s: float = Field(default=0.0, ge=0, description="answer /health only after this long")
+    never_ready: bool = Field(default=False, description="/health never answers 200")
+    error_fraction: float = Field(default=0.0, ge=0, le=1, description="fraction of requests answered 500")
+    stall_after_tokens: int | None = Field(default=None, ge=0, description="stall a stream after N tokens")
+    stall_s: float = Field(default=3600.0, ge=0)
+    malformed_metrics: bool = Field(default=False, description="serve unparseable /metrics text")
+
+
+class SimSettings(StrictModel):
+    model_profile: str = Field(default="glm53", description="a profile name under harness/sim/profiles/")
+    hardware_profile: str = Field(default="h200", description="a profile name under harness/sim/profiles/")
+    time_scale: float = Field(default=1.0, gt=0,
+                              description="simulated seconds per wall second; >1 runs faster than the GPU")
+    tokenizer: RelPath | None = Field(default=None, description="tokenizer folder or tokenizer.json; "
+                                      "default: the shipped datasets/tokenizers one")
+    seed: int = 0
+    mtp_acceptance_mean: float | None = Field(default=None, ge=1,
+                                              description="mean accepted length per step with MTP")
+    faults: FaultSettings = FaultSettings()
