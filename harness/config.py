@@ -19,7 +19,6 @@ import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -35,7 +34,6 @@ from harness.schema import (
     StrictModel,
     display_path,
     must_exist,
-    parse_size_bytes,
     resolve_path,
 )
 from harness.sim.settings import SimSettings

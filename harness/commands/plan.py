@@ -1,0 +1,70 @@
+"""`harness plan SWEEP.yaml`: what a sweep will run, before anything runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+from harness.config import display_path, load_sweep
+from harness.plan import Plan, make_plan, planned_evalscope_argv
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("sweep", help="sweep file, e.g. sweeps/tp8.yaml")
+    parser.add_argument("--dialect", choices=["auto", "blog-branch", "release"], default=None,
+                        help="render HiSparse flags for this vLLM dialect (default: the profile's)")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON for tools")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    plan = make_plan(load_sweep(args.sweep), dialect=args.dialect)
+    print(json.dumps(plan_as_dict(plan), indent=2) if args.json else plan_as_text(plan))
+    return 0
+
+
+def plan_as_dict(plan: Plan) -> dict:
+    sweep = plan.sweep.sweep
+    return {
+        "sweep": sweep.name,
+        "file": display_path(plan.sweep.path),
+        "gpus_per_server": sweep.gpus_per_server,
+        "dataset": {"recipe": display_path(plan.dataset.recipe_path), "name": plan.dataset.recipe_name,
+                    "conversations_needed": plan.dataset.conversations_needed,
+                    "conversations_built": plan.dataset.conversations_built},
+        "deployments": [{
+            "name": dep.name,
+            "launch": display_path(dep.launch_path),
+            "engine": dep.engine,
+            "dialect": dep.command.dialect,
+            "server_argv": dep.command.argv,
+            "server_env": dep.command.env,
+            "server_command": dep.command.shell_line(),
+            "points": [{"parallel": p.parallel, "number": p.number, "dataset_offset": p.dataset_offset,
+                        "evalscope_argv": planned_evalscope_argv(plan, dep, p)} for p in dep.points],
+        } for dep in plan.deployments],
+        "warnings": list(plan.warnings),
+    }
+
+
+def plan_as_text(plan: Plan) -> str:
+    sweep = plan.sweep.sweep
+    n_points = len(sweep.client.point_list)
+    lines = [f"Sweep {sweep.name} ({display_path(plan.sweep.path)}): {len(plan.deployments)} deployment(s) x "
+             f"{n_points} point(s), {sweep.gpus_per_server} GPU(s) per server",
+             f"Dataset: {display_path(plan.dataset.recipe_path)} ({plan.dataset.recipe_name}): "
+             f"{plan.dataset.conversations_needed} conversations needed, recipe builds "
+             f"{plan.dataset.conversations_built}", ""]
+    for dep in plan.deployments:
+        dialect = f", dialect {dep.command.dialect}" if dep.command.dialect else ""
+        lines.append(f"Deployment {dep.name} ({display_path(dep.launch_path)}, engine {dep.engine}{dialect})")
+        lines.append(f"  server: {dep.command.shell_line()}")
+        for p in dep.points:
+            argv = planned_evalscope_argv(plan, dep, p)
+            lines.append(f"  c{p.parallel} (number {p.number}, offset {p.dataset_offset}): {shlex.join(argv)}")
+        lines.append("")
+    if plan.warnings:
+        lines.append("Warnings:")
+        lines += [f"  - {w}" for w in plan.warnings]
+    return "\n".join(lines).rstrip()

@@ -1,0 +1,125 @@
+"""`harness plan` on the blog's sweep: exact server flags per dialect, offsets, dataset need."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.config import load_sweep
+from harness.plan import make_plan, point_offsets
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The blog appendix's serve command for the Hybrid HiSparse arm (FACTS.md §1), verbatim.
+BLOG_HISPARSE = r"""vllm serve zai-org/GLM-5.3 --served-model-name glm-agentx --trust-remote-code --host 0.0.0.0
+  --port 8000 --tensor-parallel-size 8 --kv-cache-dtype fp8 --gpu-memory-utilization 0.92
+  --max-model-len 142000 --max-num-batched-tokens 32768 --max-num-seqs 256 --enable-prefix-caching
+  --attention-config '{"hisparse_config":{"host_pool_gib":384}}'
+  --kv-transfer-config '{"kv_connector":"OffloadingConnector","kv_role":"kv_both","kv_connector_extra_config":{"spec_name":"TieringOffloadingSpec","cpu_bytes_to_use":137438953472}}'
+  --speculative-config '{"method":"mtp","num_speculative_tokens":3}'
+  --enable-auto-tool-choice --tool-call-parser glm47 --reasoning-parser glm45"""
+
+
+def _blog_baseline() -> str:
+    # the appendix: keep --speculative-config, drop --attention-config, 512 GiB offload pool
+    text = BLOG_HISPARSE.replace("""  --attention-config '{"hisparse_config":{"host_pool_gib":384}}'\n""", "")
+    return text.replace("137438953472", "549755813888")
+
+
+def flag_pairs(argv: list[str]) -> set[tuple[str, str]]:
+    """A command as a set of (flag, value) pairs; JSON values compared as JSON."""
+    pairs: set[tuple[str, str]] = set()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("--"):
+            value = ""
+            if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                value = argv[i + 1]
+                i += 1
+            if value.startswith("{"):
+                value = json.dumps(json.loads(value), sort_keys=True)
+            pairs.add((arg, value))
+        else:
+            pairs.add(("<positional>", arg))
+        i += 1
+    return pairs
+
+
+def _plan_json(*extra: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "harness", "plan", "sweeps/tp8.yaml", "--json", *extra],
+                         cwd=ROOT, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout)
+
+
+def test_blog_branch_commands_carry_exactly_the_blog_flags():
+    plan = _plan_json()
+    by_name = {d["name"]: d for d in plan["deployments"]}
+    hisparse = by_name["tp8-hisparse384-native128"]
+    baseline = by_name["tp8-offload512"]
+    assert hisparse["dialect"] == "blog-branch"
+    assert flag_pairs(hisparse["server_argv"]) == flag_pairs(shlex.split(BLOG_HISPARSE))
+    assert flag_pairs(baseline["server_argv"]) == flag_pairs(shlex.split(_blog_baseline()))
+
+
+def test_release_dialect_uses_multiconnector_and_reserve_full_isl():
+    plan = _plan_json("--dialect", "release")
+    hisparse = next(d for d in plan["deployments"] if d["name"] == "tp8-hisparse384-native128")
+    argv = hisparse["server_argv"]
+    assert "--scheduler-reserve-full-isl" in argv
+    transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert transfer["kv_connector"] == "MultiConnector"
+    inner = transfer["kv_connector_extra_config"]["connectors"]
+    assert [c["kv_connector"] for c in inner] == ["HiSparseConnector", "OffloadingConnector"]
+    assert inner[0]["kv_connector_extra_config"] == {"host_pool_gib": 384}
+    assert inner[1]["kv_connector_extra_config"]["cpu_bytes_to_use"] == 137438953472
+    if "--attention-config" in argv:
+        assert "host_pool_gib" not in argv[argv.index("--attention-config") + 1]
+    # forcing release on the blog-branch build is allowed but said
+    assert any("dialect release forced" in w for w in plan["warnings"])
+
+
+def test_points_get_fresh_offsets_and_216_conversations():
+    plan = _plan_json()
+    for dep in plan["deployments"]:
+        offsets = [p["dataset_offset"] for p in dep["points"]]
+        assert offsets == [52, 56, 72, 104, 152]
+        for p in dep["points"]:
+            argv = p["evalscope_argv"]
+            assert argv[argv.index("--dataset-offset") + 1] == str(p["dataset_offset"])
+            assert "--multi-turn" in argv and argv[argv.index("--max-tokens") + 1] == "220"
+            assert json.loads(argv[argv.index("--extra-args") + 1]) == {"ignore_eos": True}
+    assert plan["dataset"]["conversations_needed"] == 216
+    assert not any("re-send" in w for w in plan["warnings"])
+
+
+def test_text_plan_is_readable():
+    out = subprocess.run([sys.executable, "-m", "harness", "plan", "sweeps/tp8.yaml"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert "216 conversations needed" in out
+    assert out.count("evalscope perf") == 10
+    assert "c32 (number 64, offset 152)" in out
+
+
+def test_small_dataset_warns_about_reuse(tmp_path):
+    # the blog built 128 conversations: c24 and c32 then re-send warmed ones (FACTS.md §6)
+    (tmp_path / "r.yaml").write_text(
+        "name: small\nsource: {kind: hub, id: x/y}\ntokenizer: x/y\nfirst_turn_length: 100\n"
+        "subsequent_turn_length: 10\nnum_turns: 2\nconversations: 128\n")
+    sweep = (ROOT / "sweeps/tp8.yaml").read_text().replace("../datasets/openhands-glm53.yaml",
+                                                           str(tmp_path / "r.yaml"))
+    (tmp_path / "s.yaml").write_text(sweep.replace("../launch/", str(ROOT / "launch") + "/"))
+    plan = make_plan(load_sweep(tmp_path / "s.yaml"))
+    assert plan.dataset.reuse and plan.dataset.conversations_needed == 216
+    assert any("re-send" in w for w in plan.warnings)
+
+
+@pytest.mark.parametrize("base,numbers,expected", [(52, [4, 16, 32, 48, 64], [52, 56, 72, 104, 152]),
+                                                   (0, [2], [0])])
+def test_point_offsets(base, numbers, expected):
+    assert point_offsets(base, numbers) == expected
