@@ -1,0 +1,217 @@
+"""Per-point metrics from one point's /metrics scrapes and its EvalScope summary (DESIGN.md "Metrics").
+
+Conventions, as the metric definitions require:
+- Samples of one name are combined across label sets per scrape (several engines under data
+  parallelism): counts add up, fractions (KV usage) are averaged.
+- Counters are read as the sum of their increases between the first and the last good scrape
+  of the window, per label set; a drop (server restart) counts the new value from zero.
+- A metric the server does not expose, or one with nothing to divide by, is None, never 0.
+- window_s is the span the counter deltas cover: first to last good scrape in the window.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from harness.metrics.scrape import ScrapeRecord
+from harness.records import EvalScopeSummary, PointMetrics
+
+TPOT_DISAGREEMENT = 0.10
+
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the second: older vLLM
+PREEMPTIONS = "vllm:num_preemptions_total"
+SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
+OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes_total"
+HISPARSE_HITS = "vllm:hisparse_cache_hits_total"
+HISPARSE_MISSES = "vllm:hisparse_cache_misses_total"
+HISPARSE_H2D_BYTES = "vllm:hisparse_host_to_device_bytes_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+SERVER_TPOT = "vllm:request_time_per_output_token_seconds"
+# Counters every vLLM exposes: a restart shows in them even when no derived metric reads them.
+RESET_WITNESSES = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                   "vllm:request_success_total")
+
+LabelKey = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One good scrape: every finite sample, by name then label set."""
+
+    t: float
+    series: dict[str, dict[LabelKey, float]]
+
+
+@dataclass(frozen=True)
+class CounterDelta:
+    delta: float
+    reset_steps: frozenset[int]  # indices of the snapshots at which some label set went down
+
+
+@dataclass(frozen=True)
+class Scrapes:
+    snapshots: list[Snapshot]  # good scrapes in time order
+    failed: int
+
+
+def group_scrapes(records: Iterable[ScrapeRecord], window: tuple[float, float] | None = None) -> Scrapes:
+    """The scrapes inside `window` (inclusive), good ones as snapshots, failed ones counted."""
+    grouped: dict[tuple[int, float], list[ScrapeRecord]] = {}
+    for r in records:
+        if window is None or window[0] <= r.t <= window[1]:
+            grouped.setdefault((r.scrape, r.t), []).append(r)
+    snapshots: list[Snapshot] = []
+    failed = 0
+    for (_, t), recs in grouped.items():
+        if any(r.failed for r in recs):
+            failed += 1
+            continue
+        series: dict[str, dict[LabelKey, float]] = {}
+        for r in recs:
+            if r.name is not None and r.value is not None and math.isfinite(r.value):
+                series.setdefault(r.name, {})[tuple(sorted(r.labels.items()))] = r.value
+        snapshots.append(Snapshot(t=t, series=series))
+    snapshots.sort(key=lambda s: s.t)
+    return Scrapes(snapshots=snapshots, failed=failed)
+
+
+# --- one helper per kind of series -------------------------------------------------------------
+
+def gauge_series(snapshots: list[Snapshot], name: str,
+                 combine: Callable[[list[float]], float] = sum) -> list[float]:
+    """Per scrape, the gauge's label sets combined into one value; scrapes without it are left out."""
+    return [combine(list(s.series[name].values())) for s in snapshots if s.series.get(name)]
+
+
+def counter_delta(snapshots: list[Snapshot], name: str) -> CounterDelta | None:
+    """Increase over the snapshots, per label set, summed; None when fewer than two scrapes show it."""
+    by_label: dict[LabelKey, list[tuple[int, float]]] = {}
+    for i, s in enumerate(snapshots):
+        for key, value in s.series.get(name, {}).items():
+            by_label.setdefault(key, []).append((i, value))
+    steps = [pts for pts in by_label.values() if len(pts) >= 2]
+    if not steps:
+        return None
+    delta = 0.0
+    resets: set[int] = set()
+    for points in steps:
+        for (_, before), (i, after) in zip(points, points[1:], strict=False):
+            if after >= before:
+                delta += after - before
+            else:  # restarted: it counted from zero up to `after` since
+                delta += after
+                resets.add(i)
+    return CounterDelta(delta=delta, reset_steps=frozenset(resets))
+
+
+def histogram_mean(snapshots: list[Snapshot], base: str) -> tuple[float | None, frozenset[int]]:
+    """d(sum)/d(count) of a histogram over the snapshots, with the reset steps its counters saw."""
+    total, count = counter_delta(snapshots, f"{base}_sum"), counter_delta(snapshots, f"{base}_count")
+    resets = _resets(total, count)
+    if total is None or count is None or count.delta <= 0:
+        return None, resets
+    return total.delta / count.delta, resets
+
+
+def _resets(*deltas: CounterDelta | None) -> frozenset[int]:
+    return frozenset().union(*(d.reset_steps for d in deltas if d is not None))
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def _value(delta: CounterDelta | None) -> float | None:
+    return None if delta is None else delta.delta
+
+
+# --- the point's metrics -----------------------------------------------------------------------
+
+def _client_metrics(summary: EvalScopeSummary | None, gpus_per_server: int) -> dict[str, float | None]:
+    if summary is None:
+        return {}
+    tpot = summary.mean_tpot_ms
+    return {
+        "interactivity_tok_s_user": 1000.0 / tpot if tpot is not None and tpot > 0 else None,
+        "total_tok_s_per_gpu": _ratio(summary.total_throughput_tok_s, gpus_per_server),
+        "output_tok_s_per_gpu": _ratio(summary.output_throughput_tok_s, gpus_per_server),
+        "mean_ttft_ms": summary.mean_ttft_ms,
+        "mean_tpot_ms": tpot,
+    }
+
+
+def _gauge_metrics(snapshots: list[Snapshot]) -> dict[str, float | None]:
+    running = gauge_series(snapshots, RUNNING)
+    waiting = gauge_series(snapshots, WAITING)
+    kv_name = next((n for n in KV_USAGE if gauge_series(snapshots, n)), None)
+    kv_mean = gauge_series(snapshots, kv_name, statistics.fmean) if kv_name else []
+    kv_max = gauge_series(snapshots, kv_name, max) if kv_name else []
+    busy = [v for v in running if v != 0]
+    return {
+        # a server seen idle throughout has occupancy 0, not "unknown"
+        "occupancy_mean_running": statistics.fmean(busy) if busy else (0.0 if running else None),
+        "mean_waiting": statistics.fmean(waiting) if waiting else None,
+        "max_running": max(running) if running else None,
+        "kv_usage_mean": statistics.fmean(kv_mean) if kv_mean else None,
+        "kv_usage_max": max(kv_max) if kv_max else None,
+    }
+
+
+def _counter_metrics(snapshots: list[Snapshot], window_s: float | None) -> tuple[dict, frozenset[int]]:
+    d = {name: counter_delta(snapshots, name) for name in (
+        PREEMPTIONS, SPEC_ACCEPTED, SPEC_DRAFTS, OFFLOAD_LOAD_BYTES, OFFLOAD_STORE_BYTES, HISPARSE_HITS,
+        HISPARSE_MISSES, HISPARSE_H2D_BYTES, PREFIX_QUERIES, PREFIX_HITS, *RESET_WITNESSES)}
+    seconds = window_s if window_s is not None and window_s > 0 else None
+    hits, misses = _value(d[HISPARSE_HITS]), _value(d[HISPARSE_MISSES])
+    accepted_per_draft = _ratio(_value(d[SPEC_ACCEPTED]), _value(d[SPEC_DRAFTS]))
+    server_tpot_s, tpot_resets = histogram_mean(snapshots, SERVER_TPOT)
+    metrics = {
+        "mtp_acceptance_length": None if accepted_per_draft is None else 1.0 + accepted_per_draft,
+        "preemptions": _value(d[PREEMPTIONS]),
+        "offload_load_bytes": _value(d[OFFLOAD_LOAD_BYTES]),
+        "offload_store_bytes": _value(d[OFFLOAD_STORE_BYTES]),
+        "offload_load_bytes_per_s": _ratio(_value(d[OFFLOAD_LOAD_BYTES]), seconds),
+        "offload_store_bytes_per_s": _ratio(_value(d[OFFLOAD_STORE_BYTES]), seconds),
+        "hisparse_hit_rate": _ratio(hits, None if hits is None or misses is None else hits + misses),
+        "hisparse_h2d_bytes_per_s": _ratio(_value(d[HISPARSE_H2D_BYTES]), seconds),
+        "prefix_cache_hit_rate": _ratio(_value(d[PREFIX_HITS]), _value(d[PREFIX_QUERIES])),
+        "server_tpot_ms": None if server_tpot_s is None else 1000.0 * server_tpot_s,
+    }
+    return metrics, _resets(*d.values()) | tpot_resets
+
+
+def derive_point_metrics(records: list[ScrapeRecord], summary: EvalScopeSummary | None,
+                         gpus_per_server: int,
+                         window: tuple[float, float] | None = None) -> PointMetrics:
+    """The point's metrics from its scrapes (those inside `window` when given) and EvalScope summary."""
+    if gpus_per_server < 1:
+        raise ValueError(f"gpus_per_server must be >= 1, got {gpus_per_server}")
+    scrapes = group_scrapes(records, window)
+    snapshots = scrapes.snapshots
+    window_s = snapshots[-1].t - snapshots[0].t if snapshots else None
+    client = _client_metrics(summary, gpus_per_server)
+    counters, resets = _counter_metrics(snapshots, window_s)
+    return PointMetrics(
+        **client, **_gauge_metrics(snapshots), **counters,
+        **_tpot_check(counters["server_tpot_ms"], client.get("mean_tpot_ms")),
+        counter_resets=len(resets), scrapes_ok=len(snapshots), scrapes_failed=scrapes.failed,
+        window_s=window_s,
+    )
+
+
+def _tpot_check(server_ms: float | None, client_ms: float | None) -> dict[str, float | bool | None]:
+    """The harness checks its own measurement: client TPOT against the server's histogram."""
+    if server_ms is None or client_ms is None or client_ms <= 0:
+        return {}
+    rel = (server_ms - client_ms) / client_ms
+    return {"tpot_rel_diff": rel, "tpot_disagrees": abs(rel) > TPOT_DISAGREEMENT}
