@@ -220,6 +220,8 @@ class LaunchProfile(StrictModel):
     host: str = "127.0.0.1"
     port: int | None = Field(default=None, ge=0, le=65535, description="None or 0: a free port at launch")
     ready_timeout_s: float | None = Field(default=None, gt=0)
+    reserve_gpus: int | None = Field(default=None, ge=0, description="GPUs the launcher reserves for the "
+                                     "server; default: gpus_per_server for vllm, 0 for the simulated engine")
     gpu: str | None = Field(default=None, description="GPU model the profile is sized for, e.g. H200")
     host_ram_gib: float | None = Field(default=None, gt=0)
     serve: ServeArgs

@@ -1,0 +1,240 @@
+"""`harness sweep` end to end: the simulated engine as the server, real EvalScope, real Ray.
+
+Every sweep runs as `python -m harness sweep` in a subprocess, as a user runs it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.records import PointRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+RECIPE = f"""
+name: tiny-sweep
+source: {{kind: sample, path: {ROOT}/datasets/samples/openhands-sample.jsonl}}
+tokenizer: {ROOT}/datasets/tokenizers/harness-bpe
+pad: {{kind: synthetic}}
+first_turn_length: 300
+subsequent_turn_length: 40
+num_turns: 2
+conversations: 12
+assumed_output_length: 8
+"""
+
+
+def write_sweep(tmp_path: Path, arms: dict[str, str], points: list[tuple[int, int]],
+                policy: str = "continue") -> Path:
+    """A small sweep over simulated arms; each arm's text is appended to a profile extending sim-hisparse."""
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    deployments = []
+    for name, extra in arms.items():
+        (tmp_path / f"{name}.yaml").write_text(f"extends: {ROOT}/launch/sim-hisparse.yaml\n{extra}")
+        deployments.append(f"  - {{name: {name}, launch: {name}.yaml}}")
+    point_lines = "\n".join(f"    - {{parallel: {p}, number: {n}}}" for p, n in points)
+    (tmp_path / "sweep.yaml").write_text(f"""
+name: tiny
+dataset: recipe.yaml
+gpus_per_server: 8
+on_point_failure: {policy}
+client:
+  max_tokens: 8
+  extra_args: {{ignore_eos: true}}
+  timeout_s: 300
+  points:
+{point_lines}
+scrape: {{interval_s: 0.5}}
+deployments:
+{chr(10).join(deployments)}
+""")
+    return tmp_path / "sweep.yaml"
+
+
+def sweep_argv(sweep: Path, run_id: str, launcher: str = "local", *extra: str) -> list[str]:
+    return [sys.executable, "-m", "harness", "sweep", str(sweep), "--run-id", run_id,
+            "--results-dir", str(sweep.parent / "results"), "--launcher", launcher, *extra]
+
+
+def run_sweep(sweep: Path, run_id: str, launcher: str = "local", *extra: str,
+              timeout_s: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(sweep_argv(sweep, run_id, launcher, *extra), capture_output=True, text=True,
+                          timeout=timeout_s, cwd=ROOT)
+
+
+def points_of(run_dir: Path) -> dict[tuple[str, int], PointRecord]:
+    out = {}
+    for path in run_dir.glob("points/*/p*/point.json"):
+        record = PointRecord.model_validate_json(path.read_bytes())
+        out[(record.deployment, record.parallel)] = record
+    return out
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_local_sweep_runs_every_point_and_resume_skips_them(tmp_path):
+    sweep = write_sweep(tmp_path, {"hs": ""}, [(1, 2), (2, 2)])
+    done = run_sweep(sweep, "r1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = tmp_path / "results/r1"
+    records = points_of(run_dir)
+    assert sorted(records) == [("hs", 1), ("hs", 2)]
+    for record in records.values():
+        assert record.status == "ok", record.reason
+        assert record.summary.success_requests == record.number * 2  # two turns per conversation
+        assert record.metrics.occupancy_mean_running > 0
+        assert record.metrics.interactivity_tok_s_user > 0
+        assert record.simulated
+    assert (run_dir / "summary.csv").exists()
+    assert (run_dir / "deployments/hs/command.txt").read_text().count("serve-sim") == 1
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "ok" and manifest["simulated"] is True
+    assert manifest["provenance"]["evalscope_version"].startswith("1.14")
+    assert "hs" in done.stdout and "interactivity" in done.stdout.lower()
+
+    before = tree_digest(run_dir / "points")
+    again = run_sweep(sweep, "r1")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to run" in again.stdout
+    assert tree_digest(run_dir / "points") == before
+
+
+def test_ray_sweep_two_deployments_two_points(tmp_path):
+    sweep = write_sweep(tmp_path, {"arm-a": "reserve_gpus: 1\n", "arm-b": "reserve_gpus: 1\n"}, [(1, 2), (2, 2)])
+    done = run_sweep(sweep, "ray1", "ray", "--ray-gpus", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = points_of(tmp_path / "results/ray1")
+    assert sorted(records) == [("arm-a", 1), ("arm-a", 2), ("arm-b", 1), ("arm-b", 2)]
+    assert all(r.status == "ok" for r in records.values())
+    manifest = json.loads((tmp_path / "results/ray1/manifest.json").read_text())
+    assert all(d.get("node") for d in manifest["deployments"].values())
+
+
+def test_server_that_exits_mid_point_is_restarted(tmp_path):
+    # the server dies after a handful of requests: the first point completes, the second
+    # loses its server part-way, the third runs on a restarted server
+    sweep = write_sweep(tmp_path, {"flaky": "sim: {faults: {exit_after_requests: 9}}\n"},
+                        [(1, 2), (1, 3), (1, 1)])
+    done = run_sweep(sweep, "f1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    records = points_of(tmp_path / "results/f1")
+    assert records[("flaky", 1)].status == "ok"
+    failed = [r for r in records.values() if r.status == "failed"]
+    assert failed, "a point should have failed"
+    assert any("server died" in (r.reason or "") for r in failed)
+    assert all(r.server_log_tail for r in failed)
+    manifest = json.loads((tmp_path / "results/f1/manifest.json").read_text())
+    assert manifest["deployments"]["flaky"]["restarts"] >= 1
+    last = max(records.values(), key=lambda r: r.started_unix_s or 0)
+    assert last.status == "ok" and last.server_restarted
+
+
+def test_server_that_never_gets_ready_fails_with_log_tail(tmp_path):
+    sweep = write_sweep(tmp_path, {"stuck": "ready_timeout_s: 8\nsim: {faults: {never_ready: true}}\n"},
+                        [(1, 1)])
+    done = run_sweep(sweep, "n1")
+    assert done.returncode == 1
+    record = points_of(tmp_path / "results/n1")[("stuck", 1)]
+    assert record.status == "failed" and "server failed to start" in record.reason
+    assert "8" in record.reason or "ready" in record.reason
+    assert record.server_log_tail
+
+
+def test_malformed_metrics_are_recorded_not_fatal(tmp_path):
+    sweep = write_sweep(tmp_path, {"garbled": "sim: {faults: {malformed_metrics: true}}\n"}, [(1, 1)])
+    done = run_sweep(sweep, "m1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = points_of(tmp_path / "results/m1")[("garbled", 1)]
+    assert record.status == "ok"
+    assert record.metrics.scrapes_failed > 0 and record.metrics.occupancy_mean_running is None
+    lines = (tmp_path / "results/m1/points/garbled/p1/scrapes.jsonl").read_text().splitlines()
+    assert any("error" in json.loads(line) for line in lines)
+
+
+def _descendants(pid: int) -> set[int]:
+    found, frontier = set(), [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    frontier.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_for(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_sigint_leaves_no_child_alive(tmp_path):
+    sweep = write_sweep(tmp_path, {"hs": ""}, [(1, 4), (2, 4)])
+    proc = subprocess.Popen(sweep_argv(sweep, "s1"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen: set[int] = set()
+    try:
+        def point_running() -> bool:
+            seen.update(_descendants(proc.pid))
+            return any((tmp_path / "results/s1/points/hs/p1/evalscope").glob("attempt-*/evalscope.log"))
+        assert _wait_for(point_running, 180), "the first point never started"
+        time.sleep(1.0)
+        seen.update(_descendants(proc.pid))
+        assert len(seen) >= 2  # the server and EvalScope at least
+        os.kill(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert _wait_for(lambda: not any(_alive(p) for p in seen), 30), \
+        f"still alive: {[p for p in seen if _alive(p)]}"
+
+
+def test_resume_after_the_harness_is_killed(tmp_path):
+    sweep = write_sweep(tmp_path, {"hs": ""}, [(1, 2), (2, 2), (1, 1)])
+    proc = subprocess.Popen(sweep_argv(sweep, "k1"), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    first = tmp_path / "results/k1/points/hs/p1/point.json"
+    try:
+        assert _wait_for(first.exists, 240), "the first point never finished"
+        os.killpg(proc.pid, signal.SIGKILL)  # the harness and everything it started, without cleanup
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    before = tree_digest(first.parent)
+    done = run_sweep(sweep, "k1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "already ok" in done.stdout
+    assert tree_digest(first.parent) == before
+    records = points_of(tmp_path / "results/k1")
+    assert all(r.status == "ok" for r in records.values()) and len(records) == 3
