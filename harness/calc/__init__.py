@@ -1,0 +1,17 @@
+"""The blog's concurrency calculator: baseline GPU-resident KV vs Hybrid HiSparse (FACTS.md §4)."""
+
+from harness.calc.launch import inputs_for_launch, pinned_host_gib, sizing_for_launch, sizing_warnings
+from harness.calc.model import (
+    BLOCK_BYTES,
+    GPU_HBM_GB,
+    CalcError,
+    CalcInputs,
+    CalcResult,
+    calculate,
+    calculate_range,
+    find_crossover,
+)
+
+__all__ = ["BLOCK_BYTES", "GPU_HBM_GB", "CalcError", "CalcInputs", "CalcResult", "calculate",
+           "calculate_range", "find_crossover", "inputs_for_launch", "pinned_host_gib", "sizing_for_launch",
+           "sizing_warnings"]

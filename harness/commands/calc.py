@@ -1,0 +1,146 @@
+"""`harness calc`: the blog's concurrency calculator (baseline vs Hybrid HiSparse)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from harness.errors import HarnessError
+
+# (flag, CalcInputs field, kind, help); numbers are read here, not by argparse, so that a bad
+# value is one line on stderr like every other input error.
+_INPUT_OPTIONS: list[tuple[str, str, str, str]] = [
+    ("--gpu", "gpu", "str", "H200, B200 or B300 (default H200)"),
+    ("--hbm-gib", "hbm_gib", "float", "HBM per GPU in GiB, instead of --gpu"),
+    ("--gpus", "gpus", "int", "GPUs in the deployment (default TP x DP)"),
+    ("--tp", "tp", "int", "tensor parallel size (default 8)"),
+    ("--dp", "dp", "int", "data parallel size (default GPUs / TP, or 1)"),
+    ("--gpu-memory-utilization", "gpu_memory_utilization", "float", "default 0.92"),
+    ("--runtime-reserve-gib", "runtime_reserve_gib", "float", "vLLM runtime + headroom per GPU (default 15)"),
+    ("--kv-hbm-gib", "kv_hbm_gib", "float", "KV HBM per GPU as vLLM reports it (default: estimated)"),
+    ("--max-num-seqs", "max_num_seqs", "int", "per DP replica (default 1024)"),
+    ("--kv-dtype", "kv_dtype", "str", "fp8 or bf16 (default fp8)"),
+    ("--hot-rows", "hot_rows", "int", "hot-buffer rows per request (default 4096, or (n+2) x 2048 with MTP)"),
+    ("--speculative-tokens", "speculative_tokens", "int", "MTP tokens n; sets the default hot rows"),
+    ("--hot-groups", "hot_groups", "int", "default 20"),
+    ("--retained-pages", "retained_pages", "int", "retained pages per hot group (default 2)"),
+    ("--host-pool-gib", "host_pool_gib", "float", "HiSparse host pool per DP replica (default: the minimum)"),
+    ("--indexer-offload-gib", "indexer_offload_gib", "float", "offload pool, total (default 128)"),
+    ("--host-ram-gib", "host_ram_gib", "float", "host RAM budget (default: not limiting)"),
+]
+_SWITCHES: list[tuple[str, str, bool, str]] = [
+    ("--no-expert-parallel", "expert_parallel", False, "routed experts sharded over TP only"),
+    ("--no-tp-host-sharing", "tp_host_sharing", False, "one host pool per TP rank instead of per DP replica"),
+    ("--no-hisparse", "hisparse_enabled", False, "the deployment runs without HiSparse (predicted = baseline)"),
+]
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seq-len", metavar="TOKENS",
+                        help="tokens per request (default 81920; with --from-launch: serve.max_model_len)")
+    parser.add_argument("--seq-range", metavar="START:END",
+                        help="print (and with --plot draw) both modes from START to END tokens, e.g. 8192:1048576")
+    parser.add_argument("--plot", metavar="FILE", help="chart file for --seq-range, .png or .svg")
+    parser.add_argument("--from-launch", metavar="PROFILE", help="take the inputs from a launch profile YAML")
+    parser.add_argument("--layout", default=None, help="blog (the page's 576-byte rows; default) or vllm "
+                        "(the 656-byte fp8 rows vLLM stores; default with --from-launch)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inputs = parser.add_argument_group("deployment inputs (not with --from-launch)")
+    for flag, dest, kind, help_text in _INPUT_OPTIONS:
+        metavar = ("GIB" if dest.endswith("_gib") else "FRACTION" if kind == "float"
+                   else "N" if kind == "int" else dest.upper())
+        inputs.add_argument(flag, dest=f"in_{dest}", metavar=metavar, default=None, help=help_text)
+    for flag, dest, value, help_text in _SWITCHES:
+        inputs.add_argument(flag, dest=f"in_{dest}", action="store_const", const=value, default=None,
+                            help=help_text)
+    parser.set_defaults(run=run)
+
+
+def _number(text: str, flag: str, kind: str) -> int | float:
+    try:
+        value = float(text) if kind == "float" else int(text)
+    except ValueError:
+        raise HarnessError(f"{flag}: {text!r} is not {'a number' if kind == 'float' else 'a whole number'}") \
+            from None
+    if isinstance(value, float) and not math.isfinite(value):
+        raise HarnessError(f"{flag}: {text!r} is not a finite number")
+    return value
+
+
+def _given_inputs(args: argparse.Namespace) -> dict[str, object]:
+    given: dict[str, object] = {}
+    for flag, dest, kind, _help in _INPUT_OPTIONS:
+        text = getattr(args, f"in_{dest}")
+        if text is not None:
+            given[dest] = text if kind == "str" else _number(text, flag, kind)
+    for _flag, dest, _value, _help in _SWITCHES:
+        if getattr(args, f"in_{dest}") is not None:
+            given[dest] = getattr(args, f"in_{dest}")
+    return given
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.calc import CalcInputs, calculate, calculate_range, find_crossover
+    from harness.calc.render import (
+        format_range,
+        format_result,
+        parse_seq_range,
+        parse_tokens,
+        plot_grid,
+        table_grid,
+    )
+
+    given = _given_inputs(args)
+    if args.layout is not None and args.layout not in ("blog", "vllm"):
+        raise HarnessError(f"--layout: {args.layout!r} is not a layout; use blog or vllm")
+    if args.seq_len is not None and args.seq_range is not None:
+        raise HarnessError("--seq-len and --seq-range exclude each other")
+    if args.plot is not None and args.seq_range is None:
+        raise HarnessError("--plot draws a range: give --seq-range START:END as well")
+    seq_len = parse_tokens(args.seq_len, "--seq-len") if args.seq_len is not None else None
+    seq_range = parse_seq_range(args.seq_range) if args.seq_range is not None else None
+    if args.plot is not None:
+        from pathlib import Path
+
+        from harness.calc.plot import chart_format
+
+        chart_format(Path(args.plot))
+
+    if args.from_launch is not None:
+        from harness.calc import inputs_for_launch
+        from harness.config import load_launch
+
+        if given:
+            flags = [opt[0] for opt in (*_INPUT_OPTIONS, *_SWITCHES) if opt[1] in given]
+            raise HarnessError(f"{', '.join(flags)}: not with --from-launch; the profile sets these")
+        profile = load_launch(args.from_launch).profile
+        length = seq_len or (seq_range[0] if seq_range else None) or profile.serve.max_model_len or 81_920
+        inputs = inputs_for_launch(profile, length, args.layout or "vllm")
+    else:
+        if args.layout is not None:
+            given["layout"] = args.layout
+        if seq_len is not None:
+            given["seq_len"] = seq_len
+        inputs = CalcInputs.build(**given)
+
+    if seq_range is None:
+        result = calculate(inputs)
+        print(result.model_dump_json(indent=2) if args.json else format_result(result))
+        return 0
+
+    lo, hi = seq_range
+    crossover = find_crossover(inputs, lo, hi)
+    rows = calculate_range(inputs, table_grid(lo, hi))
+    if args.json:
+        print(json.dumps({"crossover_seq_len": crossover,
+                          "results": [r.model_dump(mode="json") for r in rows]}, indent=2))
+    else:
+        print(format_range(rows, crossover))
+    if args.plot is not None:
+        from harness.calc.plot import plot_concurrency
+
+        written = plot_concurrency(calculate_range(inputs, plot_grid(lo, hi)), crossover, args.plot)
+        if not args.json:
+            print(f"chart: {written}")
+    return 0
