@@ -45,6 +45,39 @@ class DeploymentPlan:
     served_model_name: str
     ready_timeout_s: float
     points: tuple[PointPlan, ...]
+    sizing: Sizing | None = None  # predicted concurrency (vLLM engines only)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """What the concurrency calculator predicts at the workload's longest context."""
+
+    seq_len: int
+    predicted_concurrency: int
+    baseline_concurrency: int
+    layout: str
+    warnings: tuple[str, ...]
+
+
+def longest_context_tokens(loaded: LoadedSweep) -> int:
+    """First turn + every later turn + every reply: the context of a conversation's last turn."""
+    recipe = loaded.recipe.recipe
+    return (recipe.first_turn_length + (recipe.num_turns - 1) * recipe.subsequent_turn_length
+            + recipe.num_turns * loaded.sweep.client.max_tokens)
+
+
+def _sizing(loaded: LoadedSweep, deployment: str) -> Sizing | None:
+    from harness.calc import sizing_for_launch, sizing_warnings
+
+    profile = loaded.launch_for(deployment)
+    if profile.engine != "vllm":
+        return None
+    seq_len = longest_context_tokens(loaded)
+    result = sizing_for_launch(profile, seq_len)
+    concurrencies = [p.parallel for p in loaded.sweep.client.point_list]
+    return Sizing(seq_len=seq_len, predicted_concurrency=result.predicted_total,
+                  baseline_concurrency=result.baseline_total, layout=result.layout,
+                  warnings=tuple(sizing_warnings(profile, seq_len, concurrencies)))
 
 
 @dataclass(frozen=True)
@@ -95,7 +128,10 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None) -> Plan:
         deployments.append(DeploymentPlan(
             name=dep.name, launch_path=launch.path, engine=launch.profile.engine, command=command,
             gpus=sweep.gpus_per_server, served_model_name=launch.profile.served_model_name,
-            ready_timeout_s=launch.profile.effective_ready_timeout_s, points=points))
+            ready_timeout_s=launch.profile.effective_ready_timeout_s, points=points,
+            sizing=(sizing := _sizing(loaded, dep.name))))
+        if sizing is not None:
+            warnings += [f"{dep.name}: {w}" for w in sizing.warnings]
     recipe = loaded.recipe.recipe
     need = DatasetNeed(recipe_path=loaded.recipe.path, recipe_name=recipe.name,
                        conversations_needed=needed, conversations_built=recipe.conversations)

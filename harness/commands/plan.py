@@ -41,6 +41,9 @@ def plan_as_dict(plan: Plan) -> dict:
             "server_argv": dep.command.argv,
             "server_env": dep.command.env,
             "server_command": dep.command.shell_line(),
+            "sizing": None if dep.sizing is None else {
+                "seq_len": dep.sizing.seq_len, "predicted_concurrency": dep.sizing.predicted_concurrency,
+                "baseline_concurrency": dep.sizing.baseline_concurrency, "layout": dep.sizing.layout},
             "points": [{"parallel": p.parallel, "number": p.number, "dataset_offset": p.dataset_offset,
                         "evalscope_argv": planned_evalscope_argv(plan, dep, p)} for p in dep.points],
         } for dep in plan.deployments],
@@ -60,6 +63,10 @@ def plan_as_text(plan: Plan) -> str:
         dialect = f", dialect {dep.command.dialect}" if dep.command.dialect else ""
         lines.append(f"Deployment {dep.name} ({display_path(dep.launch_path)}, engine {dep.engine}{dialect})")
         lines.append(f"  server: {dep.command.shell_line()}")
+        if dep.sizing is not None:
+            lines.append(f"  sizing: about {dep.sizing.predicted_concurrency} concurrent requests fit at "
+                         f"{dep.sizing.seq_len:,} tokens (plain GPU-resident KV: "
+                         f"{dep.sizing.baseline_concurrency}; calculator, {dep.sizing.layout} layout)")
         for p in dep.points:
             argv = planned_evalscope_argv(plan, dep, p)
             lines.append(f"  c{p.parallel} (number {p.number}, offset {p.dataset_offset}): {shlex.join(argv)}")
