@@ -75,8 +75,8 @@ class Provenance:
     harness_version: str = __version__
     harness_commit: str | None = None
     python: str = field(default_factory=lambda: sys.version.split()[0])
-    platform: str = field(default_factory=platform.platform)
     hostname: str = field(default_factory=platform.node)
+    os: str = field(default_factory=platform.platform)
     evalscope_version: str | None = None
     ray_version: str | None = None
     config_files: dict[str, str] = field(default_factory=dict)  # path -> sha256
