@@ -1,0 +1,234 @@
+"""What every launcher shares: the server spec, the handle, the launcher interface, their errors,
+and the guard that stops every server when the harness is interrupted."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.errors import HarnessError
+
+LOG_TAIL_LINES = 50
+DEFAULT_PID_DIR = Path("~/.cache/hisparse-harness/pids")
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str  # deployment name
+    argv: list[str]  # may contain the literal "{port}" and "{host}", substituted at start
+    env: dict[str, str]  # added to the inherited environment
+    host: str  # address the server binds and the harness connects to (127.0.0.1 locally)
+    port: int  # 0 = pick a free port on the node at start
+    log_path: Path  # server stdout+stderr, appended; every start writes a marker line first
+    ready_timeout_s: float
+    gpus: int  # GPUs the server needs (Ray: placement group bundle + actor num_gpus)
+    served_model_name: str  # must be listed by /v1/models before the server counts as ready
+    ready_probe_request: bool = True  # readiness also needs one real chat completion (max_tokens 1)
+    pid_dir: Path | None = None  # where pidfiles live (None: DEFAULT_PID_DIR)
+
+    def resolved_pid_dir(self) -> Path:
+        return (self.pid_dir or DEFAULT_PID_DIR).expanduser()
+
+
+class ServerStartError(HarnessError):
+    """The server exited or never became ready. str() is the reason, then the log tail."""
+
+    def __init__(self, name: str, reason: str, log_path: Path, log_tail: list[str]):
+        self.name = name
+        self.reason = reason
+        self.log_path = Path(log_path)
+        self.log_tail = list(log_tail)
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        head = f"server {self.name!r}: {self.reason}"
+        if not self.log_tail:
+            return head
+        body = "\n".join(f"  | {line}" for line in self.log_tail)
+        return f"{head}\n  last {len(self.log_tail)} lines of {self.log_path}:\n{body}"
+
+    def __reduce__(self):  # survive pickling across Ray
+        return (type(self), (self.name, self.reason, self.log_path, self.log_tail))
+
+
+class ServerStopError(HarnessError):
+    """Teardown left something behind: a process of the server's tree, or its port still open."""
+
+
+class LauncherClosed(ServerStartError):
+    """start() after the launcher began shutting down (interrupt or close)."""
+
+    def __init__(self, name: str, log_path: Path):
+        super().__init__(name, "not started: the harness is shutting down", log_path, [])
+
+    def __reduce__(self):
+        return (type(self), (self.name, self.log_path))
+
+
+class ServerInterrupt(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while servers were running; they are stopped on the way out."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+
+@dataclass(frozen=True)
+class Teardown:
+    """What stopping a process tree did, so the caller can prove nothing survived."""
+
+    pids_signalled: list[int] = field(default_factory=list)
+    pids_killed: list[int] = field(default_factory=list)  # needed SIGKILL after the grace period
+    survivors: list[int] = field(default_factory=list)
+    port_closed: bool = True
+    shm_removed: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.survivors and self.port_closed
+
+    def problem(self) -> str:
+        parts = []
+        if self.survivors:
+            parts.append(f"processes still alive after SIGKILL: {self.survivors}")
+        if not self.port_closed:
+            parts.append("port still accepts connections")
+        return "; ".join(parts)
+
+
+def read_log_tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    """The last n lines of a log file, read from its end (server logs grow to GBs)."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            block = 64 * 1024
+            data = b""
+            pos = size
+            while pos > 0 and data.count(b"\n") <= n:
+                step = min(block, pos)
+                pos -= step
+                fh.seek(pos)
+                data = fh.read(step) + data
+    except FileNotFoundError:
+        return []
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    return list(deque(lines, maxlen=n))
+
+
+class ServerHandle(ABC):
+    """One running server, however it was started."""
+
+    name: str
+    host: str
+    port: int
+    pid: int
+    node_id: str | None
+    log_path: Path
+    cuda_visible_devices: str | None
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @abstractmethod
+    def healthy(self, timeout_s: float = 5) -> bool:
+        """/health answers 200 now."""
+
+    @abstractmethod
+    def alive(self) -> bool:
+        """The server process has not exited."""
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> list[str]:
+        return read_log_tail(self.log_path, n)
+
+    @abstractmethod
+    def stop(self, grace_s: float = 15) -> None:
+        """TERM the whole tree, wait grace_s, KILL; raises ServerStopError if anything survives."""
+
+
+class Launcher(ABC):
+    """Starts servers and remembers them until they are stopped; `with launcher:` stops them all.
+
+    Safe to call start() from several threads (one deployment per node).
+    """
+
+    _accepting: bool = True
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting
+
+    def stop_accepting(self) -> None:
+        """From now on start() refuses; a start racing with this stops its own server and fails."""
+        self._accepting = False
+
+    @abstractmethod
+    def start(self, spec: ServerSpec) -> ServerHandle:
+        """Blocks until the server is ready; raises ServerStartError on early exit or timeout."""
+
+    @abstractmethod
+    def stop_all(self) -> None:
+        """Stop every server this launcher started and has not stopped yet."""
+
+    def close(self) -> None:
+        self.stop_accepting()
+        self.stop_all()
+
+    @abstractmethod
+    def nodes_for(self, gpus: int) -> int:
+        """How many servers needing `gpus` GPUs can run at once."""
+
+    def __enter__(self) -> Launcher:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def stop_servers_on_signal(launcher: Launcher) -> Iterator[Launcher]:
+    """Turn SIGINT/SIGTERM into ServerInterrupt, and stop every server of `launcher` on the way out.
+
+    The handler only raises: stopping happens in `finally`, on the main thread, outside whatever
+    the launcher was doing when the signal came. Further signals are ignored while stopping so a
+    second Ctrl-C cannot leave half the servers running. Inside ray.get() Ray re-raises the
+    handler's exception as a plain KeyboardInterrupt: catch KeyboardInterrupt, not ServerInterrupt.
+    """
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = {}
+    if on_main_thread:
+        def _raise(signum, _frame):
+            raise ServerInterrupt(signum)
+
+        for signum in _STOP_SIGNALS:
+            previous[signum] = signal.signal(signum, _raise)
+    try:
+        yield launcher
+    except BaseException:
+        # other threads may be starting servers right now: none may come up after stop_all
+        launcher.stop_accepting()
+        raise
+    finally:
+        if on_main_thread:
+            for signum in _STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
+        try:
+            launcher.stop_all()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+
+install_signal_handlers = stop_servers_on_signal

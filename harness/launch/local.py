@@ -1,0 +1,101 @@
+"""The local launcher: servers as subprocesses of the harness on this machine, no Ray."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from harness.launch.base import Launcher, LauncherClosed, ServerHandle, ServerSpec, ServerStopError
+from harness.launch.process import ServerProcess, http_healthy, pick_free_port
+from harness.launch.reaper import ReapedServer, reap_stale_servers, start_tracked
+
+
+class LocalServerHandle(ServerHandle):
+    def __init__(self, server: ServerProcess, on_stopped=None):
+        self._server = server
+        self._on_stopped = on_stopped
+        self.name = server.spec.name
+        self.host = server.host
+        self.port = server.port
+        self.pid = server.pid
+        self.node_id = None
+        self.log_path = Path(server.spec.log_path)
+        self.cuda_visible_devices = server.spec.env.get("CUDA_VISIBLE_DEVICES",
+                                                        os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    def healthy(self, timeout_s: float = 5) -> bool:
+        return self.alive() and http_healthy(self.base_url, timeout_s)
+
+    def alive(self) -> bool:
+        return self._server.alive()
+
+    def stop(self, grace_s: float = 15) -> None:
+        teardown = self._server.stop(grace_s)
+        if self._on_stopped is not None:
+            self._on_stopped(self)
+        if not teardown.clean:
+            raise ServerStopError(f"server {self.name!r} (pid {self.pid}, port {self.port}): "
+                                  f"{teardown.problem()}")
+
+
+class LocalLauncher(Launcher):
+    """One server at a time on this machine (nodes_for is 1): GPUs are not partitioned here."""
+
+    def __init__(self, stop_grace_s: float = 15):
+        self.stop_grace_s = stop_grace_s
+        self.reaped: list[ReapedServer] = []
+        self._handles: list[LocalServerHandle] = []
+        self._reaped_dirs: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def _reap_once(self, pid_dir: Path) -> None:
+        # Before the first server in a pid dir: stop leftovers of harnesses that were killed.
+        with self._lock:
+            if pid_dir in self._reaped_dirs:
+                return
+            self._reaped_dirs.add(pid_dir)
+            self.reaped.extend(reap_stale_servers(pid_dir))
+
+    def start(self, spec: ServerSpec) -> LocalServerHandle:
+        if not self.accepting:
+            raise LauncherClosed(spec.name, spec.log_path)
+        self._reap_once(spec.resolved_pid_dir())
+        port = spec.port or pick_free_port(spec.host)
+        server = start_tracked(spec, spec.host, port)
+        handle = LocalServerHandle(server, on_stopped=self._forget)
+        with self._lock:
+            self._handles.append(handle)
+            accepting = self.accepting
+        try:
+            if not accepting:
+                raise LauncherClosed(spec.name, spec.log_path)
+            server.wait_ready()
+        except BaseException:
+            # early exit, timeout, or Ctrl-C while waiting: nothing of this server may survive
+            server.stop(self.stop_grace_s)
+            self._forget(handle)
+            raise
+        return handle
+
+    def _forget(self, handle: LocalServerHandle) -> None:
+        with self._lock:
+            if handle in self._handles:
+                self._handles.remove(handle)
+
+    def running(self) -> list[LocalServerHandle]:
+        with self._lock:
+            return list(self._handles)
+
+    def stop_all(self) -> None:
+        problems = []
+        for handle in reversed(self.running()):
+            try:
+                handle.stop(self.stop_grace_s)
+            except ServerStopError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ServerStopError("; ".join(problems))
+
+    def nodes_for(self, gpus: int) -> int:
+        return 1

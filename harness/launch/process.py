@@ -1,0 +1,353 @@
+"""One server subprocess: start it in its own session, wait until it is ready, stop its whole tree.
+
+Used directly by the local launcher and inside the Ray actor. Process trees are found through
+/proc (Linux): vLLM is an API server + engine core + workers, and SIGKILL to the API server alone
+leaves the rest holding GBs (FACTS.md section 7), so teardown signals every descendant.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from harness.launch.base import ServerSpec, ServerStartError, Teardown, read_log_tail
+from harness.results import redact_argv
+
+_PROC = Path("/proc")
+_POLL_S = 0.25
+# Direct HTTP only: a proxy from the environment must never see the probe traffic.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+# ---- /proc -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+    start_ticks: int  # clock ticks after boot: with the pid, identifies a process across pid reuse
+
+
+def proc_info(pid: int) -> ProcInfo | None:
+    try:
+        raw = (_PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # comm (field 2) may hold spaces and parentheses: split after the last ')'
+    rest = raw[raw.rindex(")") + 2:].split()
+    return ProcInfo(pid=pid, state=rest[0], ppid=int(rest[1]), pgid=int(rest[2]), sid=int(rest[3]),
+                    start_ticks=int(rest[19]))
+
+
+def all_procs() -> list[ProcInfo]:
+    infos = []
+    for entry in _PROC.iterdir():
+        if entry.name.isdigit():
+            info = proc_info(int(entry.name))
+            if info is not None:
+                infos.append(info)
+    return infos
+
+
+def is_running(pid: int, start_ticks: int | None = None) -> bool:
+    """Alive and not a zombie; with start_ticks, also the same process (not a recycled pid)."""
+    info = proc_info(pid)
+    if info is None or info.state in ("Z", "X"):
+        return False
+    return start_ticks is None or info.start_ticks == start_ticks
+
+
+def process_tree(root_pid: int, session_id: int | None = None,
+                 not_before_ticks: int = 0) -> dict[int, int]:
+    """pid -> start_ticks of root_pid, its descendants, and members of session `session_id`.
+
+    Session members are included because a server started with start_new_session leads its own
+    session: its children stay in it even after their parent dies and they are reparented, unless
+    they call setsid themselves, in which case the parent links still find them while it lives.
+    """
+    procs = [p for p in all_procs() if p.state not in ("Z", "X")]
+    children: dict[int, list[ProcInfo]] = {}
+    for p in procs:
+        children.setdefault(p.ppid, []).append(p)
+    tree: dict[int, int] = {}
+    root = proc_info(root_pid)
+    stack = [root] if root is not None and root.state not in ("Z", "X") else []
+    if session_id is not None:
+        stack += [p for p in procs if p.sid == session_id and p.start_ticks >= not_before_ticks]
+    while stack:
+        p = stack.pop()
+        if p.pid in tree or p.pid == os.getpid():
+            continue
+        tree[p.pid] = p.start_ticks
+        stack.extend(children.get(p.pid, []))
+    return tree
+
+
+def _signal_tree(tree: dict[int, int], sig: int) -> list[int]:
+    sent = []
+    for pid, ticks in tree.items():
+        if is_running(pid, ticks):
+            try:
+                os.kill(pid, sig)
+                sent.append(pid)
+            except ProcessLookupError:
+                pass
+    return sent
+
+
+def shm_files_of(pids: list[int]) -> set[str]:
+    """/dev/shm/psm_* files a set of processes holds open or mapped (Python multiprocessing shm)."""
+    found: set[str] = set()
+    for pid in pids:
+        try:
+            for fd in (_PROC / str(pid) / "fd").iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("/dev/shm/psm_"):
+                    found.add(target.removesuffix(" (deleted)"))
+            for line in (_PROC / str(pid) / "maps").read_text().splitlines():
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and fields[5].startswith("/dev/shm/psm_"):
+                    found.add(fields[5].removesuffix(" (deleted)"))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    """A port free now on this node; a small race with other binders is accepted."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    bind_host = "" if host in ("0.0.0.0", "::") else host
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((bind_host, 0))
+        return int(sock.getsockname()[1])
+
+
+def terminate_tree(root_pid: int, *, session_id: int | None = None, not_before_ticks: int = 0,
+                   grace_s: float = 15, host: str | None = None, port: int | None = None,
+                   reap: subprocess.Popen | None = None) -> Teardown:
+    """SIGTERM the tree, wait up to grace_s, SIGKILL what is left, confirm nothing survives.
+
+    The tree is re-read while waiting, so processes spawned during shutdown are caught too.
+    `reap` is our own Popen of root_pid: polling it keeps the root from lingering as a zombie.
+    """
+    tree = process_tree(root_pid, session_id, not_before_ticks)
+    shm = shm_files_of(list(tree))
+    if session_id is not None and is_running(session_id, not_before_ticks or None):
+        try:  # the leader is ours, so is its group: catches members forked since the snapshot
+            os.killpg(session_id, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    signalled = _signal_tree(tree, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while True:
+        if reap is not None:
+            reap.poll()
+        for pid, ticks in process_tree(root_pid, session_id, not_before_ticks).items():
+            if pid not in tree:
+                tree[pid] = ticks
+                _signal_tree({pid: ticks}, signal.SIGTERM)
+        left = {pid: t for pid, t in tree.items() if is_running(pid, t)}
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
+    killed = _signal_tree(left, signal.SIGKILL) if left else []
+    kill_deadline = time.monotonic() + 5
+    while True:
+        if reap is not None:
+            reap.poll()
+        survivors = [pid for pid, t in tree.items() if is_running(pid, t)]
+        if not survivors or time.monotonic() >= kill_deadline:
+            break
+        time.sleep(0.05)
+    removed = []
+    if not survivors:
+        for path in sorted(shm):
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except FileNotFoundError:
+                pass  # the server cleaned up after itself
+            except OSError:
+                pass  # not ours to remove
+    closed = True
+    if host is not None and port is not None:
+        close_deadline = time.monotonic() + 5
+        closed = not port_open(host, port)
+        while not closed and time.monotonic() < close_deadline:
+            time.sleep(0.1)
+            closed = not port_open(host, port)
+    return Teardown(pids_signalled=sorted(set(signalled)), pids_killed=sorted(killed),
+                    survivors=sorted(survivors), port_closed=closed, shm_removed=removed)
+
+
+# ---- readiness ---------------------------------------------------------------------------------
+
+def _get(url: str, timeout_s: float) -> tuple[int, bytes]:
+    try:
+        with _OPENER.open(url, timeout=timeout_s) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def http_healthy(base_url: str, timeout_s: float = 5) -> bool:
+    try:
+        status, _ = _get(f"{base_url}/health", timeout_s)
+    except (OSError, ValueError):
+        return False
+    return status == 200
+
+
+def probe_once(base_url: str, served_model_name: str, probe_request: bool, timeout_s: float) -> str | None:
+    """None when ready, else what is not ready yet (for the timeout message)."""
+    try:
+        status, _ = _get(f"{base_url}/health", timeout_s)
+        if status != 200:
+            return f"/health answered {status}"
+        status, body = _get(f"{base_url}/v1/models", timeout_s)
+        if status != 200:
+            return f"/v1/models answered {status}"
+        models = [m.get("id") for m in json.loads(body).get("data", [])]
+        if served_model_name not in models:
+            return f"/v1/models lists {models}, not {served_model_name!r}"
+        if not probe_request:
+            return None
+        payload = json.dumps({"model": served_model_name, "max_tokens": 1, "stream": False,
+                              "messages": [{"role": "user", "content": "Hello"}]}).encode()
+        req = urllib.request.Request(f"{base_url}/v1/chat/completions", data=payload,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with _OPENER.open(req, timeout=timeout_s) as resp:
+                status, body = resp.status, resp.read()
+        except urllib.error.HTTPError as exc:
+            status, body = exc.code, exc.read()
+        if status != 200:
+            return f"probe chat completion answered {status}: {body[:200].decode(errors='replace')}"
+        if not json.loads(body).get("choices"):
+            return "probe chat completion returned no choices"
+        return None
+    except (OSError, ValueError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+# ---- one server process ------------------------------------------------------------------------
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+def render_argv(argv: list[str], host: str, port: int) -> list[str]:
+    return [a.replace("{port}", str(port)).replace("{host}", host) for a in argv]
+
+
+class ServerProcess:
+    """The subprocess of one server start, its identity, and its teardown."""
+
+    def __init__(self, spec: ServerSpec, host: str, port: int, popen: subprocess.Popen):
+        self.spec = spec
+        self.host = host
+        self.port = port
+        self.popen = popen
+        self.pid = popen.pid
+        info = proc_info(popen.pid)
+        self.start_ticks = info.start_ticks if info else 0
+        self.pidfile: Path | None = None  # set by reaper.track(); removed after a clean stop
+        self.teardown: Teardown | None = None
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @classmethod
+    def start(cls, spec: ServerSpec, host: str, port: int) -> ServerProcess:
+        """Spawn in a new session (own process group), output appended to spec.log_path."""
+        argv = render_argv(spec.argv, host, port)
+        log_path = Path(spec.log_path)
+        if port_open("127.0.0.1" if host in ("0.0.0.0", "") else host, port):
+            # another server there would answer our readiness probes in this one's place
+            raise ServerStartError(spec.name, f"port {port} on {host} is already in use by another process",
+                                   log_path, [])
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **spec.env}
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        with log_path.open("ab") as log:
+            marker = f"===== harness: start {spec.name} at {stamp} on {host}:{port}: " \
+                     f"{' '.join(redact_argv(argv))} =====\n"
+            log.write(marker.encode())
+            log.flush()
+            try:
+                popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            except OSError as exc:
+                raise ServerStartError(spec.name, f"cannot run {argv[0]!r}: {exc}", log_path,
+                                       read_log_tail(log_path)) from exc
+        return cls(spec, host, port, popen)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_ready(self) -> None:
+        """Poll until ready; stop waiting at once if the process exits. Raises ServerStartError."""
+        deadline = time.monotonic() + self.spec.ready_timeout_s
+        last = "no answer yet"
+        while True:
+            code = self.popen.poll()
+            if code is not None:
+                raise self.start_error(f"{describe_exit(code)} before it was ready")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self.start_error(f"not ready after {self.spec.ready_timeout_s:g} s ({last})")
+            not_ready = probe_once(self.base_url, self.spec.served_model_name,
+                                   self.spec.ready_probe_request, timeout_s=max(0.5, min(remaining, 60)))
+            if not_ready is None:
+                if self.popen.poll() is None:
+                    return
+                continue  # answered, then died: report the exit
+            last = not_ready
+            time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def start_error(self, reason: str) -> ServerStartError:
+        return ServerStartError(self.spec.name, reason, self.spec.log_path, read_log_tail(self.spec.log_path))
+
+    def stop(self, grace_s: float = 15) -> Teardown:
+        """Stop the whole tree (idempotent); the pidfile goes only when nothing survived."""
+        if self.teardown is not None and self.teardown.clean:
+            return self.teardown
+        self.teardown = terminate_tree(self.pid, session_id=self.pid, not_before_ticks=self.start_ticks,
+                                       grace_s=grace_s, host=self.host, port=self.port, reap=self.popen)
+        try:
+            self.popen.wait(timeout=1)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.teardown.clean and self.pidfile is not None:
+            self.pidfile.unlink(missing_ok=True)
+        return self.teardown

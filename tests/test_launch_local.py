@@ -1,0 +1,283 @@
+"""Local launcher, process teardown and pidfile reaping, against real subprocesses on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.launch.base import (
+    LauncherClosed,
+    ServerSpec,
+    ServerStartError,
+    read_log_tail,
+    stop_servers_on_signal,
+)
+from harness.launch.local import LocalLauncher
+from harness.launch.reaper import read_pidfiles, reap_stale_servers
+
+FAKE = Path(__file__).parent / "fixtures" / "servers" / "fake_openai.py"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def fake_spec(tmp_path: Path, *extra: str, name: str = "fake", timeout_s: float = 20,
+              probe: bool = True) -> ServerSpec:
+    return ServerSpec(name=name, argv=[sys.executable, str(FAKE), "--host", "{host}", "--port", "{port}",
+                                       "--model", "served", *extra],
+                      env={"FAKE_MARK": "1"}, host="127.0.0.1", port=0, log_path=tmp_path / "server.log",
+                      ready_timeout_s=timeout_s, gpus=0, served_model_name="served",
+                      ready_probe_request=probe, pid_dir=tmp_path / "pids")
+
+
+def running(pid: int) -> bool:
+    """Independent of the code under test: a zombie is dead, a missing /proc entry is dead."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_file(path: Path, timeout_s: float = 20) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def test_start_ready_stop_closes_port(tmp_path):
+    with LocalLauncher() as launcher:
+        handle = launcher.start(fake_spec(tmp_path, "--ready-after-s", "0.5"))
+        assert handle.port > 0 and handle.base_url == f"http://127.0.0.1:{handle.port}"
+        assert handle.alive() and handle.healthy()
+        assert len(read_pidfiles(tmp_path / "pids")) == 1
+        assert launcher.nodes_for(8) == 1
+        pid, port = handle.pid, handle.port
+        handle.stop(grace_s=5)
+        assert not running(pid) and not accepts(port)
+        assert not handle.alive() and not handle.healthy(timeout_s=1)
+        assert read_pidfiles(tmp_path / "pids") == []
+        assert launcher.running() == []
+    log = (tmp_path / "server.log").read_text()
+    assert "===== harness: start fake" in log and f"fake server pid {pid}" in log
+
+
+def test_restart_appends_to_log_with_marker(tmp_path):
+    with LocalLauncher() as launcher:
+        for _ in range(2):
+            launcher.start(fake_spec(tmp_path, probe=False)).stop(grace_s=5)
+    log = (tmp_path / "server.log").read_text()
+    assert log.count("===== harness: start fake") == 2
+
+
+@pytest.mark.timeout(60)  # far below the 120 s ready timeout: an early exit stops the wait at once
+def test_early_exit_fails_at_once_with_log_tail(tmp_path):
+    spec = fake_spec(tmp_path, "--exit-after-s", "0.3", "--exit-code", "7", timeout_s=120)
+    with LocalLauncher() as launcher, pytest.raises(ServerStartError) as err:
+        launcher.start(spec)
+    assert "exited with code 7" in err.value.reason
+    assert any("exiting with code 7 on purpose" in line for line in err.value.log_tail)
+    assert "exiting with code 7 on purpose" in str(err.value)
+    assert isinstance(err.value, HarnessError)
+    assert read_pidfiles(tmp_path / "pids") == []
+
+
+def test_never_ready_times_out_with_log_tail(tmp_path):
+    pid_file = tmp_path / "pids.json"
+    with LocalLauncher() as launcher, pytest.raises(ServerStartError) as err:
+        launcher.start(fake_spec(tmp_path, "--never-ready", "--pid-file", str(pid_file), timeout_s=2))
+    assert "not ready after 2 s" in err.value.reason and "/health answered 503" in err.value.reason
+    assert any("fake server pid" in line for line in err.value.log_tail)
+    assert not running(json.loads(pid_file.read_text())["server"])
+    assert launcher.running() == [] and read_pidfiles(tmp_path / "pids") == []
+
+
+def test_health_alone_is_not_ready(tmp_path):
+    # a broken model answers /health; the real probe request is what catches it
+    with LocalLauncher() as launcher, pytest.raises(ServerStartError) as err:
+        launcher.start(fake_spec(tmp_path, "--broken-completions", timeout_s=2))
+    assert "probe chat completion answered 500" in err.value.reason
+    with LocalLauncher() as launcher:
+        handle = launcher.start(fake_spec(tmp_path, "--broken-completions", probe=False))
+        assert handle.healthy()
+
+
+def test_wrong_served_model_is_not_ready(tmp_path):
+    spec = fake_spec(tmp_path, timeout_s=1.5)
+    spec = ServerSpec(**{**spec.__dict__, "served_model_name": "other"})
+    with LocalLauncher() as launcher, pytest.raises(ServerStartError, match="not 'other'"):
+        launcher.start(spec)
+
+
+def test_missing_executable_is_a_clear_error(tmp_path):
+    spec = ServerSpec(name="nope", argv=[str(tmp_path / "no-such-server")], env={}, host="127.0.0.1", port=0,
+                      log_path=tmp_path / "server.log", ready_timeout_s=5, gpus=0, served_model_name="x",
+                      pid_dir=tmp_path / "pids")
+    with LocalLauncher() as launcher, pytest.raises(ServerStartError, match="cannot run"):
+        launcher.start(spec)
+
+
+def test_stop_kills_children_that_ignore_sigterm_and_removes_their_shm(tmp_path):
+    pid_file = tmp_path / "pids.json"
+    shm = Path(f"/dev/shm/psm_hisparse_test_{uuid.uuid4().hex[:8]}")
+    spec = fake_spec(tmp_path, "--spawn-children", "2", "--ignore-sigterm", "--pid-file", str(pid_file),
+                     "--child-shm", str(shm))
+    with LocalLauncher() as launcher:
+        handle = launcher.start(spec)
+        pids = wait_for_file(pid_file)
+        tree = [pids["server"], *pids["children"]]
+        assert all(running(p) for p in tree)
+        deadline = time.monotonic() + 10
+        while not shm.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        handle.stop(grace_s=1)
+    assert [p for p in tree if running(p)] == []
+    assert not accepts(handle.port)
+    assert not shm.exists()
+
+
+def test_stop_finds_children_that_left_the_session(tmp_path):
+    pid_file = tmp_path / "pids.json"
+    spec = fake_spec(tmp_path, "--spawn-children", "1", "--child-setsid", "--pid-file", str(pid_file))
+    with LocalLauncher(stop_grace_s=1) as launcher:
+        handle = launcher.start(spec)
+        pids = wait_for_file(pid_file)
+        child = pids["children"][0]
+        deadline = time.monotonic() + 10
+        while os.getsid(child) == handle.pid:  # wait until the child has left the session
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert not running(pids["server"]) and not running(child)
+
+
+_HARNESS_SCRIPT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from harness.launch.base import ServerSpec
+    from harness.launch.local import LocalLauncher
+    tmp = Path(sys.argv[1])
+    spec = ServerSpec(name="orphan", argv=[sys.executable, sys.argv[2], "--port", "{port}", "--model", "m",
+                                           "--spawn-children", "1", "--pid-file", str(tmp / "pids.json")],
+                      env={}, host="127.0.0.1", port=0, log_path=tmp / "server.log", ready_timeout_s=20,
+                      gpus=0, served_model_name="m", pid_dir=tmp / "pids")
+    LocalLauncher().start(spec)
+    (tmp / "ready").write_text("1")
+    time.sleep(600)
+""")
+
+
+def test_reaper_stops_servers_of_a_killed_harness(tmp_path):
+    harness_proc = subprocess.Popen([sys.executable, "-c", _HARNESS_SCRIPT, str(tmp_path), str(FAKE)],
+                                    cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists():
+            assert harness_proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        pids = json.loads((tmp_path / "pids.json").read_text())
+        (path, record), = read_pidfiles(tmp_path / "pids")
+        assert record.pid == pids["server"] and record.harness_pid == harness_proc.pid
+        # while its harness lives, the server is not stale
+        assert reap_stale_servers(tmp_path / "pids") == []
+        assert running(record.pid)
+    finally:
+        harness_proc.send_signal(signal.SIGKILL)
+        harness_proc.wait()
+    assert running(record.pid)  # SIGKILL to the harness leaves its server behind
+    reaped = reap_stale_servers(tmp_path / "pids", grace_s=1)
+    assert [r.record.pid for r in reaped] == [record.pid] and reaped[0].teardown.clean
+    assert not running(record.pid) and not any(running(c) for c in pids["children"])
+    assert read_pidfiles(tmp_path / "pids") == []
+
+
+def test_reaper_leaves_recycled_pids_alone(tmp_path):
+    # a pidfile whose pids match live processes with other start times names nobody alive
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record = {"name": "x", "pid": bystander.pid, "pgid": bystander.pid, "start_ticks": 1, "argv_head": [],
+                  "host": "127.0.0.1", "port": 1, "log_path": "", "harness_pid": 999999999,
+                  "harness_start_ticks": 1, "created_unix_s": 0.0}
+        (tmp_path / "pids").mkdir()
+        (tmp_path / "pids" / "x-1.json").write_text(json.dumps(record))
+        (tmp_path / "pids" / "garbage.json").write_text("{not json")
+        assert reap_stale_servers(tmp_path / "pids") == []
+        assert running(bystander.pid)
+        assert read_pidfiles(tmp_path / "pids") == []
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_signal_guard_stops_servers(tmp_path):
+    launcher = LocalLauncher()
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt) as err:
+        with stop_servers_on_signal(launcher):
+            handle = launcher.start(fake_spec(tmp_path, probe=False))
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            pytest.fail("the signal did not interrupt")
+    assert getattr(err.value, "signum", None) == signal.SIGTERM
+    assert not running(handle.pid) and launcher.running() == []
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_log_tail_reads_the_end(tmp_path):
+    log = tmp_path / "big.log"
+    log.write_text("".join(f"line {i}\n" for i in range(100_000)))
+    assert read_log_tail(log, 3) == ["line 99997", "line 99998", "line 99999"]
+    assert read_log_tail(tmp_path / "missing.log") == []
+
+
+def test_interrupt_during_a_threaded_start_leaves_no_server(tmp_path):
+    launcher = LocalLauncher(stop_grace_s=2)
+    pid_file = tmp_path / "pids.json"
+    errors: list[ServerStartError] = []
+
+    def start() -> None:
+        try:
+            launcher.start(fake_spec(tmp_path, "--never-ready", "--pid-file", str(pid_file), timeout_s=120))
+        except ServerStartError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    server_pid = wait_for_file(pid_file)["server"]
+    with pytest.raises(KeyboardInterrupt), stop_servers_on_signal(launcher):
+        raise KeyboardInterrupt  # as the signal handler would, in the main thread
+    thread.join(timeout=60)
+    assert not thread.is_alive() and len(errors) == 1 and "before it was ready" in errors[0].reason
+    assert not running(server_pid) and launcher.running() == []
+    with pytest.raises(LauncherClosed, match="shutting down"):
+        launcher.start(fake_spec(tmp_path))
+    assert read_pidfiles(tmp_path / "pids") == []
+
+
+def test_a_port_in_use_is_refused_before_start(tmp_path):
+    with LocalLauncher() as launcher:
+        first = launcher.start(fake_spec(tmp_path, probe=False))
+        spec = ServerSpec(**{**fake_spec(tmp_path, name="second").__dict__, "port": first.port})
+        with pytest.raises(ServerStartError, match=f"port {first.port} on 127.0.0.1 is already in use"):
+            launcher.start(spec)
+        assert first.healthy() and [h.name for h in launcher.running()] == ["fake"]

@@ -1,0 +1,214 @@
+"""Ray launcher against a real local Ray cluster with 2 fake GPUs (one session for the module)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from harness.errors import HarnessError  # noqa: E402
+from harness.launch.base import ServerSpec, ServerStartError  # noqa: E402
+from harness.launch.ray_launcher import RayLauncher  # noqa: E402
+from harness.launch.reaper import read_pidfiles  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+FAKE = Path(__file__).parent / "fixtures" / "servers" / "fake_openai.py"
+
+
+def fake_spec(tmp_path: Path, *extra: str, name: str = "fake", gpus: int = 1, timeout_s: float = 20) -> ServerSpec:
+    return ServerSpec(name=name, argv=[sys.executable, str(FAKE), "--host", "{host}", "--port", "{port}",
+                                       "--model", "served", *extra],
+                      env={}, host="127.0.0.1", port=0, log_path=tmp_path / f"{name}.log",
+                      ready_timeout_s=timeout_s, gpus=gpus, served_model_name="served", pid_dir=tmp_path / "pids")
+
+
+def running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+
+def wait_gpus_free(expected: float = 2, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get("GPU", 0) < expected:
+        assert time.monotonic() < deadline, f"GPUs not released: {ray.available_resources()}"
+        time.sleep(0.1)
+
+
+_INTERRUPTED_DRIVER = """
+import sys
+from pathlib import Path
+from harness.launch.base import ServerSpec, stop_servers_on_signal
+from harness.launch.ray_launcher import RayLauncher
+tmp, fake = Path(sys.argv[1]), sys.argv[2]
+spec = ServerSpec(name="slow", argv=[sys.executable, fake, "--port", "{port}", "--never-ready", "--spawn-children",
+                                     "1", "--pid-file", str(tmp / "pids.json")],
+                  env={}, host="127.0.0.1", port=0, log_path=tmp / "slow.log", ready_timeout_s=600, gpus=1,
+                  served_model_name="m", pid_dir=tmp / "pids")
+launcher = RayLauncher(num_gpus=1, num_cpus=2, object_store_memory_bytes=80 * 1024**2, temp_dir=Path(sys.argv[3]),
+                       stop_grace_s=2)
+with launcher, stop_servers_on_signal(launcher):
+    launcher.start(spec)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_sigint_while_waiting_for_readiness_stops_the_server(tmp_path):
+    # runs before the module's Ray session starts (file order), in a driver of its own
+    temp_dir = Path(tempfile.mkdtemp(prefix="hsi", dir="/tmp"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    driver = subprocess.Popen([sys.executable, "-c", _INTERRUPTED_DRIVER, str(tmp_path), str(FAKE), str(temp_dir)],
+                              env=env, cwd=env["PYTHONPATH"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "pids.json").exists():
+            assert driver.poll() is None, driver.stdout.read().decode()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        pids = json.loads((tmp_path / "pids.json").read_text())
+        time.sleep(0.5)  # the driver is now blocked in ray.get on the readiness wait
+        driver.send_signal(signal.SIGINT)
+        output = driver.communicate(timeout=60)[0].decode()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    # inside ray.get, Ray turns the handler's ServerInterrupt into a plain KeyboardInterrupt
+    assert driver.returncode != 0 and "KeyboardInterrupt" in output, output
+    assert not running(pids["server"]) and not any(running(c) for c in pids["children"])
+    assert read_pidfiles(tmp_path / "pids") == []
+
+
+@pytest.fixture(scope="module")
+def launcher():
+    saved = os.environ.pop("RAY_ADDRESS", None)
+    if ray.is_initialized():
+        ray.shutdown()
+    temp_dir = Path(tempfile.mkdtemp(prefix="hsr", dir="/tmp"))  # short: Ray's socket paths are limited
+    ray_launcher = RayLauncher(num_gpus=2, num_cpus=4, object_store_memory_bytes=80 * 1024**2,
+                               temp_dir=temp_dir, placement_timeout_s=3, stop_grace_s=2)
+    try:
+        yield ray_launcher
+    finally:
+        ray_launcher.close()
+        assert not ray.is_initialized()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if saved is not None:
+            os.environ["RAY_ADDRESS"] = saved
+
+
+def test_server_in_actor_gets_a_gpu_and_stops_clean(launcher, tmp_path):
+    assert (launcher.nodes_for(1), launcher.nodes_for(2), launcher.nodes_for(3)) == (1, 1, 0)
+    pid_file = tmp_path / "pids.json"
+    handle = launcher.start(fake_spec(tmp_path, "--spawn-children", "1", "--pid-file", str(pid_file)))
+    pids = json.loads(pid_file.read_text())
+    assert pids["server"] == handle.pid and handle.node_id
+    assert handle.cuda_visible_devices in ("0", "1")
+    assert environ_of(handle.pid)["CUDA_VISIBLE_DEVICES"] == handle.cuda_visible_devices
+    assert os.getsid(handle.pid) == handle.pid  # its own session, outside the actor's group
+    assert handle.healthy() and handle.alive()
+    assert any("fake server pid" in line for line in handle.log_tail())
+    assert [r.pid for _, r in read_pidfiles(tmp_path / "pids")] == [handle.pid]
+    handle.stop(grace_s=2)
+    assert not running(handle.pid) and not any(running(c) for c in pids["children"])
+    assert not accepts(handle.port) and not handle.alive()
+    assert read_pidfiles(tmp_path / "pids") == [] and launcher.running() == []
+    wait_gpus_free()
+
+
+def test_two_servers_get_different_gpus_and_a_third_waits_then_fails(launcher, tmp_path):
+    first = launcher.start(fake_spec(tmp_path, name="a"))
+    second = launcher.start(fake_spec(tmp_path, name="b"))
+    assert {first.cuda_visible_devices, second.cuda_visible_devices} == {"0", "1"}
+    with pytest.raises(ServerStartError, match="not placed within 3 s"):
+        launcher.start(fake_spec(tmp_path, name="c"))
+    launcher.stop_all()
+    assert not running(first.pid) and not running(second.pid) and launcher.running() == []
+    wait_gpus_free()
+
+
+def test_impossible_placement_fails_clearly(launcher, tmp_path):
+    with pytest.raises(ServerStartError) as err:
+        launcher.start(fake_spec(tmp_path, gpus=4))
+    assert "no Ray node has 4 GPU(s)" in str(err.value) and "largest node: 2 GPU(s)" in str(err.value)
+    wait_gpus_free()
+
+
+def test_early_exit_in_actor_reports_log_tail(launcher, tmp_path):
+    with pytest.raises(ServerStartError) as err:
+        launcher.start(fake_spec(tmp_path, "--exit-after-s", "0.2", "--exit-code", "5", timeout_s=120))
+    assert "exited with code 5" in err.value.reason
+    assert any("exiting with code 5 on purpose" in line for line in err.value.log_tail)
+    assert launcher.running() == []
+    wait_gpus_free()
+
+
+def test_never_ready_in_actor_times_out(launcher, tmp_path):
+    with pytest.raises(ServerStartError, match=r"not ready after 1\.5 s \(/health answered 503\)"):
+        launcher.start(fake_spec(tmp_path, "--never-ready", timeout_s=1.5))
+    wait_gpus_free()
+
+
+def test_server_outlives_ray_kill_but_not_stop(launcher, tmp_path):
+    # FACTS.md section 7: ray.kill(actor) kills the actor's group, not the server's own session
+    handle = launcher.start(fake_spec(tmp_path))
+    ray.kill(handle._actor, no_restart=True)
+    deadline = time.monotonic() + 10
+    while handle.alive():  # alive() asks the actor, which is going away
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert running(handle.pid) and accepts(handle.port)
+    handle.stop(grace_s=2)  # the actor is gone: stopped from the driver, same node
+    assert not running(handle.pid) and not accepts(handle.port)
+    wait_gpus_free()
+
+
+@pytest.mark.timeout(60)  # ray.init() against a dead address would hang for minutes
+def test_ray_address_pointing_at_nothing_fails_fast(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    with pytest.raises(HarnessError) as err:
+        RayLauncher()
+    message = str(err.value)
+    assert "RAY_ADDRESS=127.0.0.1:1" in message and "no Ray cluster answers" in message
+    assert "\n" not in message
+    monkeypatch.setenv("RAY_ADDRESS", "not-an-address")
+    with pytest.raises(HarnessError, match="is not host:port"):
+        RayLauncher()
+
+
+def test_missing_executable_in_actor_is_a_clear_error(launcher, tmp_path):
+    spec = ServerSpec(name="nope", argv=[str(tmp_path / "no-such-server")], env={}, host="127.0.0.1", port=0,
+                      log_path=tmp_path / "nope.log", ready_timeout_s=5, gpus=1, served_model_name="x",
+                      pid_dir=tmp_path / "pids")
+    with pytest.raises(ServerStartError) as err:
+        launcher.start(spec)
+    assert "cannot run" in err.value.reason and "no-such-server" in err.value.reason
+    wait_gpus_free()
