@@ -29,4 +29,16 @@ class SimSettings(StrictModel):
     seed: int = 0
     mtp_acceptance_mean: float | None = Field(default=None, ge=1,
                                               description="mean accepted length per step with MTP")
+    # Scaling knobs: a small workload shows the pressure the blog's workload shows at full scale only if
+    # the pool and the sparse-attention window shrink with it.
+    kv_pool_tokens: int | None = Field(default=None, ge=64,
+                                       description="GPU KV pool per GPU, in tokens at full residency; "
+                                       "default: sized from HBM, weights and the 15 GiB reserve")
+    index_topk: int | None = Field(default=None, gt=0, description="replaces the model profile's top-K")
+    sparse_row_bytes: int | None = Field(default=None, gt=0,
+                                         description="replaces the sparse-MLA row size (e.g. the "
+                                         "calculator's 576 bytes)")
+    hisparse_miss_rate: float = Field(default=0.05, ge=0, le=1,
+                                      description="fraction of top-K rows from host-only pages that miss "
+                                      "the hot buffer each decode step once it is warm")
     faults: FaultSettings = FaultSettings()

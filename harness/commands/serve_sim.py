@@ -1,0 +1,47 @@
+"""`harness serve-sim --launch PROFILE [--host H] [--port P]`: the simulated engine's HTTP server."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "launch" / "sim-hisparse.yaml"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--launch", "--profile", dest="launch", type=Path, default=DEFAULT_PROFILE,
+                        help="launch profile to simulate (default: launch/sim-hisparse.yaml)")
+    parser.add_argument("--host", default=None, help="address to bind (default: the profile's, 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: the profile's, else 8000)")
+    parser.add_argument("--time-scale", type=float, default=None,
+                        help="simulated seconds per wall second (default: the profile's sim.time_scale)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from harness.config import load_launch
+    from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
+    from harness.errors import HarnessError
+    from harness.sim.server import SimServer, serve
+    from harness.sim.settings import SimSettings
+
+    profile = load_launch(args.launch).profile
+    sim = profile.sim or SimSettings()
+    if args.time_scale is not None:
+        if args.time_scale <= 0:
+            raise HarnessError(f"--time-scale must be > 0, got {args.time_scale}")
+        sim = sim.model_copy(update={"time_scale": args.time_scale})
+    profile = profile.model_copy(update={"sim": sim})
+    tokenizer = load_tokenizer(sim.tokenizer or default_tokenizer_path())
+    host = args.host or profile.host
+    port = args.port if args.port is not None else (profile.port or 8000)
+    server = SimServer(profile, tokenizer, log=lambda line: print(line, flush=True))
+    try:
+        asyncio.run(serve(server, host, port))
+    except OSError as exc:
+        raise HarnessError(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+    except KeyboardInterrupt:
+        return 0
+    return 0

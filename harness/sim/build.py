@@ -1,0 +1,67 @@
+"""A launch profile (engine: sim) -> the engine's configuration: the same serve, kv and speculative
+settings a vLLM arm takes, plus the `sim:` section's profiles and scaling knobs."""
+
+from __future__ import annotations
+
+from harness.config import LaunchProfile
+from harness.sim.engine import EngineConfig, Policy
+from harness.sim.model import GIB, kv_sizing, load_hardware_profile, load_model_profile
+from harness.sim.settings import SimSettings
+
+# vLLM's defaults for an OpenAI server on a datacenter GPU when the profile leaves them out
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+
+
+def draft_acceptance_for_mean(mean_length: float, num_speculative_tokens: int) -> float:
+    """The per-position acceptance p with 1 + p + p^2 + ... + p^k = mean_length (bisection)."""
+    k = num_speculative_tokens
+    target = min(max(mean_length, 1.0), 1.0 + k)
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if 1.0 + sum(mid**i for i in range(1, k + 1)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def policy_of(profile: LaunchProfile) -> Policy:
+    if profile.kv.hisparse is not None:
+        return "hisparse"
+    return "offload" if profile.kv.offload is not None else "none"
+
+
+def engine_config(profile: LaunchProfile) -> EngineConfig:
+    sim = profile.sim or SimSettings()
+    serve = profile.serve
+    model = load_model_profile(sim.model_profile)
+    hardware = load_hardware_profile(sim.hardware_profile)
+    pool_tokens = sim.kv_pool_tokens
+    if pool_tokens is None and serve.num_gpu_blocks_override is not None:
+        pool_tokens = serve.num_gpu_blocks_override * model.block_size_tokens
+    sizing = kv_sizing(model, hardware, tensor_parallel_size=serve.tensor_parallel_size,
+                       kv_cache_dtype=serve.kv_cache_dtype, gpu_memory_utilization=serve.gpu_memory_utilization,
+                       sparse_row_bytes=sim.sparse_row_bytes, pool_tokens=pool_tokens)
+    k = profile.speculative.num_speculative_tokens if profile.speculative is not None else 0
+    acceptance = model.mtp_draft_acceptance
+    if k and sim.mtp_acceptance_mean is not None:
+        acceptance = draft_acceptance_for_mean(sim.mtp_acceptance_mean, k)
+    topk = sim.index_topk or model.index_topk
+    hisparse = profile.kv.hisparse
+    offload = profile.kv.offload
+    hot_rows = (hisparse.device_buffer_size if hisparse and hisparse.device_buffer_size
+                else (k + 2) * topk if k else 2 * topk)  # (decode query length + 1) x top-K, FACTS.md §2
+    return EngineConfig(
+        model=model, hardware=hardware, sizing=sizing, policy=policy_of(profile),
+        max_num_seqs=serve.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens=serve.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_model_len=serve.max_model_len or model.max_position_embeddings,
+        tensor_parallel_size=serve.tensor_parallel_size,
+        enable_prefix_caching=serve.enable_prefix_caching is not False,
+        index_topk=topk, num_speculative_tokens=k, draft_acceptance=acceptance,
+        offload_cpu_bytes=offload.cpu_bytes if offload else None,
+        offload_prompt_only=offload.offload_prompt_only is not False if offload else True,
+        host_pool_bytes=int(hisparse.host_pool_gib * GIB) if hisparse else None,
+        hot_rows=hot_rows, hisparse_miss_rate=sim.hisparse_miss_rate, seed=sim.seed)

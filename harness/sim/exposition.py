@@ -1,0 +1,125 @@
+"""The engine's state as Prometheus text with vLLM's names (FACTS.md §2): the same families a vLLM
+server of that arm exposes, labelled model_name=<served name> and engine="0" as vLLM v1 does. Offload
+series only with an offload pool, HiSparse series only with HiSparse, spec-decode only with MTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from harness.sim.counters import Histogram
+from harness.sim.engine import Engine
+
+MALFORMED_METRICS_TEXT = (
+    "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+    "# TYPE vllm:num_requests_running gauge\n"
+    'vllm:num_requests_running{model_name="broken" 1.0\n'
+    "vllm:kv_cache_usage_perc{{{ not a sample\n")
+
+
+class EngineCollector:
+    def __init__(self, engine: Engine, served_model_name: str):
+        self.engine = engine
+        self.labels = ["model_name", "engine"]
+        self.values = [served_model_name, "0"]
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=self.labels)
+        g.add_metric(self.values, float(value))
+        return g
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc, labels=self.labels)
+        c.add_metric(self.values, float(value))
+        return c
+
+    def _histogram(self, name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
+        h = HistogramMetricFamily(name, doc, labels=self.labels)
+        h.add_metric(self.values, buckets=[(le, float(n)) for le, n in hist.cumulative()], sum_value=hist.sum_s)
+        return h
+
+    def collect(self) -> Iterator[Metric]:
+        e = self.engine
+        g, c, h = e.gauges(), e.counters, e.histograms
+        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+                          g.num_requests_running)
+        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                          g.num_requests_waiting)
+        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                          g.kv_cache_usage_perc)
+        yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                            c.preemptions)
+        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
+        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                            c.generation_tokens)
+        yield self._counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+                            "queried tokens.", c.prefix_cache_queries)
+        yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+                            "tokens.", c.prefix_cache_hits)
+        ok = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+                                 labels=[*self.labels, "finished_reason"])
+        ok.add_metric([*self.values, "length"], float(c.request_success - c.request_success_stop))
+        ok.add_metric([*self.values, "stop"], float(c.request_success_stop))
+        yield ok
+        if e.cpu is not None:
+            yield self._counter("vllm:external_prefix_cache_queries", "External prefix cache queries "
+                                "from KV connector cross-instance cache sharing, in terms of number of "
+                                "queried tokens.", c.external_prefix_cache_queries)
+            yield self._counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV "
+                                "connector cross-instance cache sharing, in terms of number of cached "
+                                "tokens.", c.external_prefix_cache_hits)
+            yield self._counter("vllm:kv_offload_load_bytes", "Bytes loaded from the CPU offload cache.",
+                                c.kv_offload_load_bytes)
+            yield self._counter("vllm:kv_offload_store_bytes", "Bytes stored to the CPU offload cache.",
+                                c.kv_offload_store_bytes)
+            yield self._counter("vllm:kv_offload_load_time", "Seconds spent loading from the CPU offload "
+                                "cache.", c.kv_offload_load_time_s)
+            yield self._counter("vllm:kv_offload_store_time", "Seconds spent storing to the CPU offload "
+                                "cache.", c.kv_offload_store_time_s)
+            yield self._gauge("vllm:kv_offload_cpu_cache_usage_perc", "CPU offload cache usage. 1 means "
+                              "100 percent usage.", g.kv_offload_cpu_cache_usage_perc or 0.0)
+        if e.host is not None:
+            yield self._counter("vllm:hisparse_cache_hits", "HiSparse top-K rows served from GPU "
+                                "(resident or hot buffer).", c.hisparse_cache_hits)
+            yield self._counter("vllm:hisparse_cache_misses", "HiSparse top-K rows copied from pinned host "
+                                "memory.", c.hisparse_cache_misses)
+            yield self._counter("vllm:hisparse_host_to_device_bytes", "HiSparse bytes copied host to "
+                                "device.", c.hisparse_host_to_device_bytes)
+            yield self._gauge("vllm:hisparse_host_cache_usage_perc", "HiSparse host pool usage. 1 means "
+                              "100 percent usage.", g.hisparse_host_cache_usage_perc or 0.0)
+            yield self._gauge("vllm:hisparse_pending_page_transfers", "HiSparse page copies queued.",
+                              g.hisparse_pending_page_transfers or 0)
+        if e.config.num_speculative_tokens:
+            yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+                                c.spec_decode_num_drafts)
+            yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                                c.spec_decode_num_draft_tokens)
+            yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                                c.spec_decode_num_accepted_tokens)
+        yield self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in "
+                              "seconds.", h.time_to_first_token)
+        yield self._histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
+                              "seconds.", h.inter_token_latency)
+        yield self._histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_"
+                              "token_seconds per request.", h.request_time_per_output_token)
+        yield self._histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
+                              "seconds.", h.e2e_request_latency)
+        yield self._histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING "
+                              "phase for request.", h.request_queue_time)
+        yield self._histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL "
+                              "phase for request.", h.request_prefill_time)
+        yield self._histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE "
+                              "phase for request.", h.request_decode_time)
+
+
+class MetricsText:
+    """Renders an engine's metrics; one registry per engine (never the process-global one)."""
+
+    def __init__(self, engine: Engine, served_model_name: str):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(EngineCollector(engine, served_model_name))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

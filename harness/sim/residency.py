@@ -1,0 +1,301 @@
+"""Where a request's KV lives: admission with prefix caching, growth, the offload connector's CPU pool,
+and Hybrid HiSparse's full and mixed residency (FACTS.md §3-4, the blog's "Technical Implementation").
+
+HiSparse accounting follows the blog's concurrency calculator so the engine's capacity can be checked
+against it: the GPU pool is counted in HMA pages; a fully resident 64-token block costs
+ceil(full block bytes / page bytes) pages; a request in mixed residency holds one index page per 64
+tokens (the indexer KV never leaves the GPU) plus hot_groups x (ceil(hot_rows/64) + retained_pages)
+pages of hot buffer and retained tail, and its sparse-MLA rows live in the host pool.
+
+Miss model (configurable: sim.hisparse_miss_rate, default 0.05): each query token of a mixed request
+selects min(top-K, context) rows per layer, spread uniformly over its context, so the share from
+host-only pages is (context - resident tail) / context. A cold hot buffer (the first step after the
+request turns mixed, and every prefill chunk) misses all of those; once warm, 5% miss. The blog gives no
+hit rate, only that 2x top-K rows "ensures a high hit rate"; consecutive decode steps select mostly the
+same rows, so a warm buffer misses only the rows new to the top-K, and 5% is our assumption for that.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from harness.sim.engine import Engine, RequestState
+
+
+class Residency:
+    def __init__(self, engine: Engine):
+        self.e = engine
+        self.cfg = engine.config
+        self.bs = engine.config.block_size
+
+    # ---------------------------------------------------------------- admission
+
+    def admit(self, state: RequestState, budget: int, now_s: float) -> int | None:
+        """Give a waiting request its KV; the tokens it computes this step (0 while loading), or None."""
+        e, cfg, bs = self.e, self.cfg, self.bs
+        total = state.num_tokens
+        hashes = list(state.req.block_hashes[:(total - 1) // bs]) if cfg.enable_prefix_caching else []
+        gpu_hit = e.gpu.longest_prefix(hashes)
+        if cfg.policy == "hisparse":
+            host_hit = self._host_prefix(hashes)
+            if host_hit > len(gpu_hit):
+                return self._start_mixed(state, hashes, host_hit, budget, now_s)
+        for block in gpu_hit:
+            e.gpu.acquire(block)
+        state.kv_blocks = list(gpu_hit)
+        computed = len(gpu_hit) * bs
+        loaded: list[int] = []
+        if cfg.policy == "offload" and e.cpu is not None:
+            loaded = hashes[len(gpu_hit):len(gpu_hit) + self._run_length(hashes[len(gpu_hit):], e.cpu)]
+        n = 0 if loaded else min(total - computed, budget)
+        while not self._grow_full(state, computed + len(loaded) * bs + n):
+            if not (cfg.policy == "hisparse" and self.relieve(needed_by=None)):
+                self._drop(state)
+                if cfg.policy == "hisparse":
+                    return self._start_mixed(state, hashes, self._host_prefix(hashes), budget, now_s)
+                return None
+        for i, h in enumerate(loaded):
+            e.gpu.set_hash(state.kv_blocks[len(gpu_hit) + i], h)
+        self._count_lookup(state, hits_tokens=computed, external_tokens=len(loaded) * bs)
+        state.num_computed = computed + len(loaded) * bs
+        state.cached_tokens = state.num_computed
+        if loaded:
+            nbytes = len(loaded) * e.cpu_block_bytes
+            seconds = nbytes / cfg.hardware.h2d_bytes_per_s
+            e.counters.kv_offload_load_bytes += nbytes
+            e.counters.kv_offload_load_time_s += seconds
+            state.ready_at_s = now_s + seconds
+        self.on_computed(state, 0)
+        return n
+
+    def _start_mixed(self, state: RequestState, hashes: list[int], hit_blocks: int, budget: int,
+                     now_s: float) -> int | None:
+        """No residency: the prefix lives only on the host; placeholders, index pages and a hot buffer."""
+        e, bs = self.e, self.bs
+        assert e.host is not None
+        computed = hit_blocks * bs
+        n = min(state.num_tokens - computed, budget)
+        state.mode = "mixed"
+        for h in hashes[:hit_blocks]:
+            block = e.host.lookup(h)
+            assert block is not None
+            e.host.acquire(block)
+            state.host_blocks.append(block)
+        hot = None
+        while hot is None:
+            hot = e.gpu.allocate(1, self.cfg.hot_pages_per_request, "hot")
+            if hot is None and not self.relieve(needed_by=None):
+                self._drop(state)
+                return None
+        state.hot_blocks = hot
+        while not self._grow_mixed(state, computed + n):
+            if not self.relieve(needed_by=None):
+                self._drop(state)
+                return None
+        self._count_lookup(state, hits_tokens=0, external_tokens=computed)
+        state.num_computed = computed
+        state.cached_tokens = computed
+        state.hot_warm = False
+        if hit_blocks:
+            # the indexer KV of the prefix comes back from the offload connector's CPU pool
+            nbytes = hit_blocks * self.cfg.sizing.indexer_block_bytes
+            seconds = nbytes / self.cfg.hardware.h2d_bytes_per_s
+            e.counters.kv_offload_load_bytes += nbytes
+            e.counters.kv_offload_load_time_s += seconds
+            state.ready_at_s = now_s + seconds
+            return 0
+        return n
+
+    def _host_prefix(self, hashes: list[int]) -> int:
+        """Blocks of the prefix HiSparse can start from: sparse rows in the host pool, indexer KV on CPU."""
+        e = self.e
+        assert e.host is not None
+        n = self._run_length(hashes, e.host)
+        return min(n, self._run_length(hashes, e.cpu)) if e.cpu is not None else 0
+
+    @staticmethod
+    def _run_length(hashes: list[int], pool) -> int:
+        n = 0
+        for h in hashes:
+            if pool.lookup(h) is None:
+                break
+            n += 1
+        return n
+
+    def _count_lookup(self, state: RequestState, hits_tokens: int, external_tokens: int) -> None:
+        c = self.e.counters
+        c.prefix_cache_queries += state.num_tokens
+        c.prefix_cache_hits += hits_tokens
+        if self.e.cpu is not None:
+            c.external_prefix_cache_queries += state.num_tokens - hits_tokens
+            c.external_prefix_cache_hits += external_tokens
+
+    # ---------------------------------------------------------------- growth and pressure
+
+    def grow(self, state: RequestState, target_tokens: int) -> bool:
+        if state.mode == "mixed":
+            return self._grow_mixed(state, target_tokens)
+        return self._grow_full(state, target_tokens)
+
+    def _grow_full(self, state: RequestState, target_tokens: int) -> bool:
+        extra = math.ceil(target_tokens / self.bs) - len(state.kv_blocks)
+        if extra <= 0:
+            return True
+        blocks = self.e.gpu.allocate(extra, self.cfg.pages_per_kv_block, "kv")
+        if blocks is None:
+            return False
+        state.kv_blocks.extend(blocks)
+        return True
+
+    def _grow_mixed(self, state: RequestState, target_tokens: int) -> bool:
+        e = self.e
+        assert e.host is not None
+        need = math.ceil(target_tokens / self.bs)
+        extra_host = need - len(state.host_blocks)
+        if extra_host > 0 and not e.host.can_allocate(extra_host):
+            return False
+        extra = need - len(state.index_blocks)
+        if extra > 0:
+            blocks = e.gpu.allocate(extra, 1, "index")
+            if blocks is None:
+                return False
+            state.index_blocks.extend(blocks)
+        if extra_host > 0:
+            state.host_blocks.extend(e.host.allocate(extra_host, 1, "kv") or [])
+        return True
+
+    def relieve(self, needed_by: RequestState | None) -> bool:
+        """HiSparse under pressure: move the fully resident request that frees most pages to mixed
+        residency (its rows are already mirrored on the host, so no copy). False when none would help."""
+        e, cfg = self.e, self.cfg
+        if cfg.policy != "hisparse":
+            return False
+        assert e.host is not None
+        best, best_gain = None, 0
+        for s in e.running:
+            if s.mode != "full" or not s.kv_blocks:
+                continue
+            freed = sum(b.pages for b in s.kv_blocks if b.ref_count == 1)
+            gain = freed - len(s.kv_blocks) - cfg.hot_pages_per_request
+            unmirrored = len(s.kv_blocks) - len(s.host_blocks)
+            if gain > best_gain and e.host.can_allocate(max(0, unmirrored)):
+                best, best_gain = s, gain
+        if best is None:
+            return False
+        self._spill(best)
+        return True
+
+    def _spill(self, state: RequestState) -> None:
+        e = self.e
+        assert e.host is not None
+        missing = len(state.kv_blocks) - len(state.host_blocks)
+        if missing > 0:
+            state.host_blocks.extend(e.host.allocate(missing, 1, "kv") or [])
+        n_blocks = len(state.kv_blocks)
+        e.gpu.release(state.kv_blocks)
+        state.kv_blocks = []
+        state.hot_blocks = e.gpu.allocate(1, self.cfg.hot_pages_per_request, "hot") or []
+        state.index_blocks = e.gpu.allocate(n_blocks, 1, "index") or []
+        state.mode = "mixed"
+        state.hot_warm = False
+        e.counters.hisparse_spills += 1
+
+    # ---------------------------------------------------------------- completion and release
+
+    def on_computed(self, state: RequestState, before_tokens: int) -> None:
+        """Blocks completed in this step: hash them (prefix cache), store to CPU, mirror to the host."""
+        e, cfg, bs = self.e, self.cfg, self.bs
+        hashes = state.req.block_hashes
+        for i in range(before_tokens // bs, state.num_computed // bs):
+            h = hashes[i] if i < len(hashes) else None
+            if state.mode == "full" and h is not None and i < len(state.kv_blocks):
+                e.gpu.set_hash(state.kv_blocks[i], h)
+            if e.cpu is not None and h is not None and e.cpu.lookup(h) is None:
+                stored = e.cpu.allocate(1, 1, "kv")
+                if stored is not None:
+                    e.cpu.set_hash(stored[0], h)
+                    e.cpu.release(stored)
+                    e.counters.kv_offload_store_bytes += e.cpu_block_bytes
+                    e.counters.kv_offload_store_time_s += e.cpu_block_bytes / cfg.hardware.d2h_bytes_per_s
+            if e.host is not None:
+                self._mirror(state, i, h)
+
+    def _mirror(self, state: RequestState, index: int, content_hash: int | None) -> None:
+        """Eager host mirror of a completed block (mixed requests already own their host blocks)."""
+        host = self.e.host
+        assert host is not None
+        if index < len(state.host_blocks):
+            if content_hash is not None:
+                host.set_hash(state.host_blocks[index], content_hash)
+            return
+        if index != len(state.host_blocks):
+            return  # an earlier block could not be mirrored: the mirror stays a prefix
+        existing = host.lookup(content_hash) if content_hash is not None else None
+        if existing is not None:
+            host.acquire(existing)
+            state.host_blocks.append(existing)
+            return
+        blocks = host.allocate(1, 1, "kv")
+        if blocks is not None:
+            if content_hash is not None:
+                host.set_hash(blocks[0], content_hash)
+            state.host_blocks.append(blocks[0])
+
+    def _drop(self, state: RequestState) -> None:
+        self.release(state)
+        state.mode = "full"
+
+    def release(self, state: RequestState) -> None:
+        e = self.e
+        e.gpu.release(state.kv_blocks + state.index_blocks + state.hot_blocks)
+        if e.host is not None:
+            e.host.release(state.host_blocks)
+        state.kv_blocks, state.index_blocks, state.hot_blocks, state.host_blocks = [], [], [], []
+
+    # ---------------------------------------------------------------- per-step transfers
+
+    def step_transfers(self, scheduled: list[tuple[RequestState, int]]) -> float:
+        """Host-to-device bytes the step waits for: hot-buffer misses of mixed requests."""
+        cfg, c = self.cfg, self.e.counters
+        layers = cfg.model.num_layers
+        tail = cfg.model.retained_pages * self.bs
+        decode_tokens = 1 + cfg.num_speculative_tokens
+        total_bytes = 0.0
+        for state, n in scheduled:
+            if state.mode != "mixed":
+                continue
+            context = state.num_computed + n
+            selected = min(cfg.index_topk, context)
+            host_only = max(0, state.num_computed - tail)
+            from_host = selected * n * host_only / context if context else 0.0
+            cold = (not state.hot_warm) or n > decode_tokens
+            misses = min(host_only, from_host) if cold else from_host * cfg.hisparse_miss_rate
+            misses = int(round(misses))
+            hits = max(0, selected * n - misses)
+            c.hisparse_cache_misses += misses * layers
+            c.hisparse_cache_hits += hits * layers
+            nbytes = misses * layers * cfg.sizing.sparse_row_bytes
+            c.hisparse_host_to_device_bytes += nbytes
+            total_bytes += nbytes
+            if n <= decode_tokens:
+                state.hot_warm = True
+        return total_bytes
+
+    # ---------------------------------------------------------------- invariants
+
+    def check(self, state: RequestState) -> str:
+        need = math.ceil(state.num_computed / self.bs)
+        rid = state.req.request_id
+        if state.mode == "full":
+            if len(state.kv_blocks) < need:
+                return f"{rid}: {len(state.kv_blocks)} resident blocks for {state.num_computed} tokens"
+            return ""
+        if len(state.index_blocks) < need:
+            return f"{rid}: {len(state.index_blocks)} index pages for {state.num_computed} tokens"
+        if sum(b.pages for b in state.hot_blocks) != self.cfg.hot_pages_per_request:
+            return f"{rid}: hot buffer of {sum(b.pages for b in state.hot_blocks)} pages"
+        if len(state.host_blocks) < need:
+            return f"{rid}: {len(state.host_blocks)} host blocks for {state.num_computed} tokens"
+        return ""

@@ -1,0 +1,106 @@
+"""`harness simulate`: a sweep in virtual time written as a run folder the rest of the harness reads;
+and the prompt measurer that gives a conversation's next turn the same prefix blocks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import yaml
+from test_sim_support import REPO
+
+from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
+from harness.metrics.prom import parse_exposition
+from harness.results import iter_points, read_manifest
+from harness.sim.prompt import PromptMeasurer
+
+
+def write_sweep(tmp_path):
+    recipe = {"name": "sim-sample-test", "tokenizer": str(default_tokenizer_path()),
+              "source": {"kind": "sample", "path": str(REPO / "datasets/samples/openhands-sample.jsonl")},
+              "pad": {"kind": "synthetic"}, "first_turn_length": 3000, "subsequent_turn_length": 200,
+              "num_turns": 4, "conversations": 64, "assumed_output_length": 32}
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
+    sweep = {"name": "sim-test", "dataset": "recipe.yaml", "gpus_per_server": 8,
+             "client": {"model": "glm-agentx", "max_tokens": 32, "extra_args": {"ignore_eos": True},
+                        "points": [{"parallel": 1, "number": 2}, {"parallel": 8, "number": 16}]},
+             "scrape": {"interval_s": 0.2},
+             "deployments": [{"name": "hisparse", "launch": str(REPO / "launch/sim-hisparse.yaml")},
+                             {"name": "offload", "launch": str(REPO / "launch/sim-offload.yaml")}]}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    return path
+
+
+def test_simulate_writes_a_simulated_run_folder(tmp_path):
+    sweep = write_sweep(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results",
+                           str(tmp_path / "results"), "--run-id", "v1"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "SIMULATED" in proc.stdout
+    run = tmp_path / "results" / "v1"
+    manifest = read_manifest(run)
+    assert manifest.simulated and manifest.status == "ok"
+    assert manifest.points == {"hisparse": {"p1": "ok", "p8": "ok"}, "offload": {"p1": "ok", "p8": "ok"}}
+    points = iter_points(run)
+    assert len(points) == 4 and all(p.simulated and p.status == "ok" for p in points)
+    by = {(p.deployment, p.parallel): p for p in points}
+    assert by[("hisparse", 8)].summary.success_requests == 16 * 4
+    assert by[("hisparse", 8)].metrics.occupancy_mean_running > by[("offload", 8)].metrics.occupancy_mean_running
+    assert by[("hisparse", 8)].metrics.hisparse_hit_rate is not None
+    assert by[("offload", 8)].metrics.mtp_acceptance_length > 1
+    lines = (run / "points/hisparse/p8/scrapes.jsonl").read_text().splitlines()
+    names = {json.loads(line)["name"] for line in lines}
+    assert "vllm:num_requests_running" in names and "vllm:hisparse_cache_hits_total" in names
+    assert (run / "summary.csv").read_text().count("\n") == 5
+    # deterministic: the same sweep gives the same points
+    again = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results",
+                            str(tmp_path / "results"), "--run-id", "v2"], cwd=REPO, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0
+    first = [(p.summary, p.metrics.occupancy_mean_running) for p in points]
+    second = [(p.summary, p.metrics.occupancy_mean_running) for p in iter_points(tmp_path / "results" / "v2")]
+    assert first == second
+
+
+def test_simulate_refuses_a_measured_run_folder(tmp_path):
+    sweep = write_sweep(tmp_path)
+    run = tmp_path / "results" / "real"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"run_id": "real", "sweep_name": "sim-test", "sweep_path": "x",
+                                                   "gpus_per_server": 8, "simulated": False}))
+    proc = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results",
+                           str(tmp_path / "results"), "--run-id", "real"], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "choose another --run-id" in proc.stderr
+    assert json.loads((run / "manifest.json").read_text())["simulated"] is False
+
+
+def test_next_turn_hits_the_previous_prompt_blocks():
+    tokenizer = load_tokenizer(default_tokenizer_path())
+    measurer = PromptMeasurer(tokenizer, 64)
+    turn1 = [{"role": "system", "content": "pad text " * 300}, {"role": "user", "content": "fix the bug " * 100}]
+    turn2 = [*turn1, {"role": "assistant", "content": "done " * 40}, {"role": "user", "content": "now test " * 50}]
+    first, second = measurer.measure(turn1), measurer.measure(turn2)
+    assert first.tokens == tokenizer.count_chat(turn1) and second.tokens == tokenizer.count_chat(turn2)
+    assert len(first.block_hashes) == first.tokens // 64
+    shared = sum(1 for a, b in zip(first.block_hashes, second.block_hashes, strict=False) if a == b)
+    assert shared >= len(first.block_hashes) - 1  # all but the block the generation prompt ends
+    other = measurer.measure([{"role": "user", "content": "another conversation " * 200}])
+    assert not set(other.block_hashes) & set(first.block_hashes)
+
+
+def test_exposition_parses_with_the_harness_parser():
+    from harness.config import load_launch
+    from harness.sim.build import engine_config
+    from harness.sim.engine import Engine
+    from harness.sim.exposition import MetricsText
+
+    profile = load_launch(REPO / "launch/sim-offload.yaml").profile
+    samples = parse_exposition(MetricsText(Engine(engine_config(profile)), "glm-agentx").render().decode(),
+                               ["vllm:"])
+    names = {s.name for s in samples}
+    assert "vllm:kv_offload_store_bytes_total" in names and "vllm:time_to_first_token_seconds_count" in names
+    assert all(s.labels.get("model_name") == "glm-agentx" for s in samples)
