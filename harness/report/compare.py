@@ -1,0 +1,276 @@
+"""Compare a run against a reference (another run folder or a reference JSON) point by point.
+
+A regression is a point whose interactivity or per-GPU throughput fell, or whose TTFT
+rose, by more than the tolerance, or a point that failed where the reference had
+completed. Runs on different hardware or workloads are refused, not compared.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.errors import HarnessError
+from harness.results import atomic_write_json, read_manifest
+
+REFERENCE_FORMAT = "harness-reference/1"
+DEFAULT_TOLERANCE = 0.10
+
+
+class ComparisonRefused(HarnessError):
+    """The two sides are not the same experiment: different hardware or workload."""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # a summary.csv column
+    label: str
+    better: Literal["higher", "lower"] | None  # None: shown, never a regression
+    digits: int
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("interactivity_tok_s_user", "interactivity (tok/s/user)", "higher", 1),
+    MetricSpec("total_tok_s_per_gpu", "total (tok/s/GPU)", "higher", 0),
+    MetricSpec("output_tok_s_per_gpu", "output (tok/s/GPU)", "higher", 1),
+    MetricSpec("mean_ttft_ms", "TTFT (ms)", "lower", 0),
+    MetricSpec("occupancy_mean_running", "occupancy (req)", None, 1),
+    MetricSpec("mtp_acceptance_length", "accept len", None, 2),
+)
+
+
+@dataclass(frozen=True)
+class RefPoint:
+    status: str
+    number: int | None
+    values: dict[str, float | None]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One side of a comparison: hardware and workload identity, and metrics by (deployment, concurrency)."""
+
+    source: str
+    run_id: str
+    gpu_model: str | None
+    gpus_per_server: int
+    simulated: bool
+    workload: dict[str, Any]
+    points: dict[tuple[str, int], RefPoint]
+
+    def to_json(self) -> dict[str, Any]:
+        deployments: dict[str, dict[str, Any]] = {}
+        for (dep, parallel), point in sorted(self.points.items()):
+            deployments.setdefault(dep, {})[str(parallel)] = {
+                "status": point.status, "number": point.number, **point.values}
+        return {"format": REFERENCE_FORMAT, "run_id": self.run_id,
+                "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "hardware": {"gpu_model": self.gpu_model, "gpus_per_server": self.gpus_per_server,
+                             "simulated": self.simulated},
+                "workload": self.workload, "deployments": deployments}
+
+
+# Not part of what a request looks like: where files lie, and how many conversations the
+# sweep's points happen to need (a shortened nightly sweep needs fewer of the same dataset).
+_NOT_IDENTITY = ("conversations_needed",)
+
+
+def workload_identity(workload: dict[str, Any]) -> dict[str, Any]:
+    """What makes two workloads the same experiment (manifest.workload minus paths and sweep shape)."""
+    return {k: v for k, v in sorted(workload.items())
+            if not k.endswith(("path", "dir")) and k not in _NOT_IDENTITY}
+
+
+def _float(value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def reference_from_run(run_dir: Path) -> Reference:
+    from harness.summary import load_runs
+
+    manifest = read_manifest(run_dir)
+    df = load_runs([run_dir])
+    points: dict[tuple[str, int], RefPoint] = {}
+    for row in df.to_dict("records"):
+        number = row["number"]
+        points[(str(row["deployment"]), int(row["parallel"]))] = RefPoint(
+            status=str(row["status"]), number=None if _float(number) is None else int(number),
+            values={m.name: _float(row[m.name]) for m in METRICS})
+    return Reference(source=str(run_dir), run_id=manifest.run_id, gpu_model=manifest.gpu_model,
+                     gpus_per_server=manifest.gpus_per_server, simulated=manifest.simulated,
+                     workload=workload_identity(manifest.workload), points=points)
+
+
+def reference_from_json(path: Path) -> Reference:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise HarnessError(f"{path}: cannot read reference: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise HarnessError(f"{path}: not a reference JSON: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or data.get("format") != REFERENCE_FORMAT:
+        raise HarnessError(f"{path}: not a reference JSON (expected \"format\": \"{REFERENCE_FORMAT}\"; "
+                           "write one with `harness compare RUN --write-reference OUT`)")
+    try:
+        hardware = data["hardware"]
+        points = {}
+        for dep, by_parallel in data["deployments"].items():
+            for parallel, entry in by_parallel.items():
+                points[(str(dep), int(parallel))] = RefPoint(
+                    status=str(entry.get("status", "ok")), number=entry.get("number"),
+                    values={m.name: _float(entry.get(m.name)) for m in METRICS})
+        return Reference(source=str(path), run_id=str(data.get("run_id", Path(path).stem)),
+                         gpu_model=hardware.get("gpu_model"), gpus_per_server=int(hardware["gpus_per_server"]),
+                         simulated=bool(hardware.get("simulated", False)),
+                         workload=workload_identity(data.get("workload") or {}), points=points)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise HarnessError(f"{path}: malformed reference JSON: {type(exc).__name__}: {exc}") from None
+
+
+def load_reference(ref: Path) -> Reference:
+    """A reference JSON file, or a run folder read as one."""
+    ref = Path(ref)
+    return reference_from_json(ref) if ref.is_file() else reference_from_run(ref)
+
+
+def write_reference(run_dir: Path, out: Path) -> Path:
+    """Write the run's metrics, hardware and workload identity as a reference JSON."""
+    atomic_write_json(Path(out), reference_from_run(Path(run_dir)).to_json())
+    return Path(out)
+
+
+@dataclass(frozen=True)
+class PointChange:
+    deployment: str
+    parallel: int
+    status: str
+    reference_status: str
+    values: dict[str, tuple[float | None, float | None]]  # metric -> (reference, run)
+    regressions: list[str]  # metric names, or "status"
+
+    @property
+    def name(self) -> str:
+        return f"{self.deployment} c{self.parallel}"
+
+
+@dataclass
+class Comparison:
+    run_id: str
+    reference_id: str
+    tolerance: float
+    points: list[PointChange] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[str]:
+        """One line per regression, naming the point and the metric."""
+        lines = []
+        for p in self.points:
+            for name in p.regressions:
+                if name == "status":
+                    lines.append(f"{p.name}: failed (completed in the reference)")
+                    continue
+                ref, run = p.values[name]
+                assert ref is not None and run is not None
+                lines.append(f"{p.name}: {name} {ref:,.2f} -> {run:,.2f} ({(run - ref) / ref:+.1%}, "
+                             f"tolerance {self.tolerance:.0%})")
+        return lines
+
+    def markdown(self) -> str:
+        head = ["deployment", "c"] + [m.label for m in METRICS] + ["verdict"]
+        lines = [f"## {self.run_id} against {self.reference_id} (tolerance {self.tolerance:.0%})", "",
+                 "| " + " | ".join(head) + " |", "|---|--:|" + "--:|" * len(METRICS) + "---|"]
+        for p in self.points:
+            cells = [p.deployment, str(p.parallel)]
+            for m in METRICS:
+                cells.append(_cell(m, *p.values[m.name], regressed=m.name in p.regressions))
+            if "status" in p.regressions:
+                verdict = "**REGRESSION: failed**"
+            elif p.regressions:
+                verdict = "**REGRESSION**"
+            else:
+                verdict = "ok" if p.status == "ok" else p.status
+            lines.append("| " + " | ".join(cells) + f" | {verdict} |")
+        lines.append("")
+        regressions = self.regressions
+        lines.append(f"**{len(regressions)} regression(s)**" if regressions else "No regressions.")
+        lines += [f"- {r}" for r in regressions]
+        if self.notes:
+            lines += ["", "Notes:"] + [f"- {n}" for n in self.notes]
+        return "\n".join(lines) + "\n"
+
+
+def _cell(metric: MetricSpec, ref: float | None, run: float | None, regressed: bool) -> str:
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.{metric.digits}f}"
+
+    if ref is None and run is None:
+        return "-"
+    text = f"{fmt(ref)} → {fmt(run)}"
+    if ref is not None and run is not None and ref != 0:
+        text += f" ({(run - ref) / abs(ref):+.1%})"
+    return f"**{text}**" if regressed else text
+
+
+def _refuse_if_different(run: Reference, ref: Reference) -> list[str]:
+    notes = []
+    problems = []
+    if run.gpu_model and ref.gpu_model and run.gpu_model != ref.gpu_model:
+        problems.append(f"GPU model {run.gpu_model!r} vs {ref.gpu_model!r}")
+    elif not (run.gpu_model and ref.gpu_model):
+        notes.append("GPU model unknown on one side; hardware checked by gpus_per_server only")
+    if run.gpus_per_server != ref.gpus_per_server:
+        problems.append(f"gpus_per_server {run.gpus_per_server} vs {ref.gpus_per_server}")
+    if run.simulated != ref.simulated:
+        problems.append(f"simulated {run.simulated} vs {ref.simulated}")
+    keys = sorted(set(run.workload) | set(ref.workload))
+    differing = [f"{k} {run.workload.get(k)!r} vs {ref.workload.get(k)!r}" for k in keys
+                 if run.workload.get(k) != ref.workload.get(k)]
+    if differing:
+        problems.append("workload differs: " + "; ".join(differing))
+    if problems:
+        raise ComparisonRefused(f"{run.run_id} and {ref.run_id} are not comparable: " + "; ".join(problems))
+    return notes
+
+
+def compare_runs(run: Path, reference: Path, tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
+    """Each point of `run` against the same (deployment, concurrency) of `reference`."""
+    if not 0 <= tolerance < 1:
+        raise HarnessError(f"--tolerance {tolerance}: must be a fraction in [0, 1), e.g. 0.10")
+    current = reference_from_run(Path(run))
+    ref = load_reference(Path(reference))
+    comparison = Comparison(current.run_id, ref.run_id, tolerance, notes=_refuse_if_different(current, ref))
+    for key, point in sorted(current.points.items()):
+        base = ref.points.get(key)
+        if base is None:
+            comparison.notes.append(f"{key[0]} c{key[1]}: not in the reference")
+            continue
+        if base.number is not None and point.number is not None and base.number != point.number:
+            comparison.notes.append(f"{key[0]} c{key[1]}: {point.number} conversations vs {base.number} "
+                                    "in the reference")
+        regressions: list[str] = []
+        if point.status != "ok" and base.status == "ok":
+            regressions.append("status")
+        values = {}
+        for m in METRICS:
+            old, new = base.values.get(m.name), point.values.get(m.name)
+            values[m.name] = (old, new)
+            if old is None or new is None or m.better is None or point.status != "ok" or old == 0:
+                continue
+            change = (new - old) / abs(old)
+            if (m.better == "higher" and change < -tolerance) or (m.better == "lower" and change > tolerance):
+                regressions.append(m.name)
+        comparison.points.append(PointChange(key[0], key[1], point.status, base.status, values, regressions))
+    for key in sorted(set(ref.points) - set(current.points)):
+        comparison.notes.append(f"{key[0]} c{key[1]}: in the reference, not in this run")
+    return comparison

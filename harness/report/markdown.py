@@ -1,0 +1,214 @@
+"""results/<run>/report.md: provenance, warnings, the points table and the figures of one run."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.records import PointRecord
+from harness.results import Manifest, RunPaths, atomic_write_text, iter_points, read_manifest
+
+TPOT_TOLERANCE = 0.10
+FIGURE_ORDER = ("pareto", "occupancy", "acceptance")
+FIGURE_TITLES = {"pareto": "Interactivity vs throughput (Pareto)", "occupancy": "Occupancy",
+                 "acceptance": "MTP acceptance length"}
+
+
+@dataclass(frozen=True)
+class ReportWarning:
+    kind: str
+    text: str
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _count(value: float | int | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _restarts(entry: dict[str, object]) -> int:
+    restarts = entry.get("restarts", 0)
+    if isinstance(restarts, list):
+        return len(restarts)
+    try:
+        return int(restarts or 0)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return 0
+
+
+def reused_points(manifest: Manifest, points: list[PointRecord]) -> list[int]:
+    """Concurrencies whose conversations run past the built dataset, so they re-send ones already sent.
+
+    EvalScope rotates the list by --dataset-offset (FACTS.md §6): a point reads
+    conversations [offset, offset + number); past the end it reads the start again.
+    """
+    built = manifest.workload.get("conversations_built")
+    if not isinstance(built, int) or built <= 0:
+        return []
+    return sorted({p.parallel for p in points if p.dataset_offset + p.number > built})
+
+
+def collect_warnings(manifest: Manifest, points: list[PointRecord]) -> list[ReportWarning]:
+    """Everything a reader must know before trusting the numbers of this run."""
+    warnings: list[ReportWarning] = []
+    recorded = {(p.deployment, p.point_id) for p in points}
+    for p in points:
+        if p.status != "ok":
+            warnings.append(ReportWarning("failed point", f"`{p.deployment}` c{p.parallel} failed: {p.reason or 'no reason'}"))
+    for dep, statuses in manifest.points.items():
+        for point_id, status in statuses.items():
+            if (dep, point_id) not in recorded:
+                warnings.append(ReportWarning("missing point", f"`{dep}` {point_id.replace('p', 'c', 1)} has no point.json "
+                                        f"(manifest says {status})"))
+    built = manifest.workload.get("conversations_built")
+    needed = manifest.workload.get("conversations_needed")
+    if isinstance(built, int) and isinstance(needed, int) and built < needed:
+        reused = reused_points(manifest, points)
+        who = (", ".join(f"c{c}" for c in reused) + (" re-sends" if len(reused) == 1 else " re-send")
+               if reused else "some points re-send")
+        warnings.append(ReportWarning("conversation reuse", (
+            f"the dataset has {built} conversations but the sweep needs {needed}: {who} "
+            "conversations an earlier point already sent, which the prefix cache has warmed; their "
+            "TTFT and throughput look better than fresh traffic would")))
+    for p in points:
+        m = p.metrics
+        if m is not None and m.tpot_disagrees:
+            warnings.append(ReportWarning("TPOT disagreement", (
+                f"`{p.deployment}` c{p.parallel}: client TPOT {_num(m.mean_tpot_ms, 2)} ms vs server "
+                f"{_num(m.server_tpot_ms, 2)} ms ({(m.tpot_rel_diff or 0.0):+.0%}, more than "
+                f"{TPOT_TOLERANCE:.0%}): the measurement itself is in doubt")))
+    for p in points:
+        resets = p.metrics.counter_resets if p.metrics is not None else 0
+        if p.server_restarted or resets:
+            warnings.append(ReportWarning("server restarted", (
+                f"`{p.deployment}` c{p.parallel}: the server restarted during the point"
+                + (f" ({resets} counter reset{'s' if resets > 1 else ''} seen)" if resets else ""))))
+    flagged = {p.deployment for p in points if p.server_restarted}
+    for dep, entry in manifest.deployments.items():
+        restarts = _restarts(entry)
+        if restarts and dep not in flagged:
+            warnings.append(ReportWarning("server restarted",
+                                    f"`{dep}`: the server was restarted {restarts} time(s) during the run"))
+    for p in points:
+        s = p.summary
+        if p.status == "ok" and s is not None and s.failed_requests:
+            warnings.append(ReportWarning("failed requests",
+                                    f"`{p.deployment}` c{p.parallel}: {s.failed_requests} of {s.total_requests} "
+                                    "requests failed"))
+        if p.metrics is not None and p.metrics.scrapes_failed:
+            warnings.append(ReportWarning("failed scrapes", (
+                f"`{p.deployment}` c{p.parallel}: {p.metrics.scrapes_failed} /metrics scrape(s) failed "
+                f"({p.metrics.scrapes_ok} succeeded)")))
+    return warnings
+
+
+def _points_table(points: list[PointRecord]) -> list[str]:
+    lines = ["| deployment | c | conv. | offset | status | interactivity (tok/s/user) | total (tok/s/GPU) "
+             "| output (tok/s/GPU) | TTFT (ms) | TPOT client / server (ms) | occupancy (req) "
+             "| accept len | preemptions | KV max | requests ok / sent |",
+             "|---|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for p in points:
+        m, s = p.metrics, p.summary
+        ttft = m.mean_ttft_ms if m and m.mean_ttft_ms is not None else (s.mean_ttft_ms if s else None)
+        tpot = m.mean_tpot_ms if m and m.mean_tpot_ms is not None else (s.mean_tpot_ms if s else None)
+        kv_max = f"{m.kv_usage_max:.0%}" if m and m.kv_usage_max is not None else "-"
+        requests = f"{_count(s.success_requests)} / {_count(s.total_requests)}" if s else "-"
+        status = p.status if p.status == "ok" else f"**{p.status}**"
+        lines.append(
+            f"| {p.deployment} | {p.parallel} | {p.number} | {p.dataset_offset} | {status} "
+            f"| {_num(m.interactivity_tok_s_user if m else None)} | {_count(m.total_tok_s_per_gpu if m else None)} "
+            f"| {_num(m.output_tok_s_per_gpu if m else None)} | {_count(ttft)} "
+            f"| {_num(tpot, 2)} / {_num(m.server_tpot_ms if m else None, 2)} "
+            f"| {_num(m.occupancy_mean_running if m else None)} | {_num(m.mtp_acceptance_length if m else None, 2)} "
+            f"| {_count(m.preemptions if m else None)} | {kv_max} | {requests} |")
+    return lines
+
+
+def _flatten(prefix: str, value: object) -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, str]] = []
+        for key, inner in value.items():
+            out += _flatten(f"{prefix}.{key}" if prefix else str(key), inner)
+        return out
+    text = value if isinstance(value, str) else json.dumps(value)
+    return [(prefix, text)]
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _provenance(manifest: Manifest) -> list[str]:
+    rows = [("run id", manifest.run_id), ("sweep", f"{manifest.sweep_name} ({manifest.sweep_path})"),
+            ("status", manifest.status), ("started", manifest.started_at or "-"),
+            ("ended", manifest.ended_at or "-"),
+            ("hardware", f"{manifest.gpu_model or 'unknown GPU'} x {manifest.gpus_per_server} per server"),
+            ("simulated", "yes" if manifest.simulated else "no")]
+    rows += _flatten("", manifest.provenance)
+    rows += [(f"workload.{k}", v) for k, v in _flatten("", manifest.workload)]
+    lines = ["| item | value |", "|---|---|"]
+    lines += [f"| {k} | {_cell(str(v))} |" for k, v in rows]
+    return lines
+
+
+def _deployments(run_dir: Path, manifest: Manifest) -> list[str]:
+    lines: list[str] = []
+    for dep, entry in manifest.deployments.items():
+        lines.append(f"### {dep}")
+        for key, value in entry.items():
+            if key == "command":
+                continue
+            lines.append(f"- {key}: {value if isinstance(value, str) else json.dumps(value)}")
+        command_txt = RunPaths(run_dir).command_txt(dep)
+        command = command_txt.read_text(errors="replace").strip() if command_txt.is_file() else entry.get("command")
+        if command:
+            text = command if isinstance(command, str) else " ".join(str(a) for a in command)
+            lines += ["", "```", text, "```"]
+        lines.append("")
+    return lines
+
+
+def _figures(run_dir: Path, plots_dir: Path) -> list[str]:
+    if not plots_dir.is_dir():
+        return ["No figures: run `harness plot` on this run."]
+    pngs = {p.stem: p for p in plots_dir.glob("*.png")}
+    ordered = [s for s in FIGURE_ORDER if s in pngs] + sorted(s for s in pngs if s.startswith("timeseries-"))
+    lines: list[str] = []
+    for stem in ordered:
+        rel = Path(os.path.relpath(pngs[stem].resolve(), run_dir.resolve())).as_posix()
+        title = FIGURE_TITLES.get(stem, stem.replace("timeseries-", "Time series: "))
+        lines += [f"### {title}", "", f"![{title}]({rel})", ""]
+    return lines or ["No figures found in " + str(plots_dir)]
+
+
+def render_report(run_dir: Path, plots_dir: Path) -> str:
+    run_dir = Path(run_dir)
+    manifest = read_manifest(run_dir)
+    points = iter_points(run_dir)
+    warnings = collect_warnings(manifest, points)
+    out = [f"# Run {manifest.run_id}: {manifest.sweep_name}", ""]
+    if manifest.simulated or any(p.simulated for p in points):
+        out += ["> **SIMULATED**: these numbers come from the harness's simulated engine, not from GPU "
+                "servers. They check the harness, not vLLM.", ""]
+    out += [f"{manifest.gpu_model or 'unknown GPU'} x {manifest.gpus_per_server} per server; "
+            f"{len(points)} points over {len(manifest.deployments) or len({p.deployment for p in points})} "
+            f"deployment(s); status {manifest.status}.", "", "## Warnings", ""]
+    out += [f"- **{w.kind}**: {w.text}" for w in warnings] or ["None."]
+    out += ["", "## Points", ""] + _points_table(points)
+    out += ["", "Interactivity = 1000 / mean TPOT; per-GPU throughput = EvalScope throughput / "
+            f"{manifest.gpus_per_server} GPUs per server; occupancy = mean of the non-zero "
+            "`vllm:num_requests_running` samples.", "", "## Figures", ""]
+    out += _figures(run_dir, Path(plots_dir))
+    out += ["", "## Provenance", ""] + _provenance(manifest) + ["", "## Deployments", ""] + _deployments(run_dir, manifest)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_report(run_dir: Path, plots_dir: Path) -> Path:
+    """Write results/<run>/report.md atomically; figures are linked relative to it."""
+    path = RunPaths(Path(run_dir)).report_md
+    atomic_write_text(path, render_report(Path(run_dir), Path(plots_dir)))
+    return path

@@ -1,0 +1,405 @@
+"""The figures of one or several runs: Pareto, occupancy, MTP acceptance, time series.
+
+Every figure is built as a matplotlib `Figure` (no pyplot state, Agg canvas), so
+tests inspect the objects and the caller decides where it goes. One colour per
+deployment, one marker and line style per run, so the same deployment in two runs
+reads as the same colour with a different marker.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from harness.report.timeseries import DeploymentTimeline, load_timeline
+from harness.results import atomic_write_bytes, iter_points, read_manifest
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+XAxis = Literal["total", "output"]
+X_COLUMNS: dict[XAxis, tuple[str, str]] = {
+    "total": ("total_tok_s_per_gpu", "Total token throughput per GPU (tok/s/GPU, re-sent history included)"),
+    "output": ("output_tok_s_per_gpu", "Output token throughput per GPU (tok/s/GPU)"),
+}
+COLOURS = ("#1f5fa8", "#d9541e", "#2a9d4b", "#8e44ad", "#c0392b", "#16a0a0", "#b8860b", "#555555")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+LINESTYLES = ("-", "--", ":", "-.")
+SIM_BANNER = "SIMULATED ENGINE: not GPU measurements"
+FIGURE_DPI = 150
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One deployment of one run: its completed points in concurrency order."""
+
+    key: str  # legend label: "<dep>" for one run, "<run>/<dep>" for several
+    colour: str
+    marker: str
+    linestyle: str
+    frame: pd.DataFrame
+
+
+def _traces(df: pd.DataFrame, columns: Sequence[str]) -> list[Trace]:
+    runs = list(dict.fromkeys(df["run_id"]))
+    deployments = list(dict.fromkeys(df["deployment"]))
+    traces: list[Trace] = []
+    for run_index, run in enumerate(runs):
+        for dep in deployments:
+            rows = df[(df["run_id"] == run) & (df["deployment"] == dep) & (df["status"] == "ok")]
+            rows = rows.dropna(subset=list(columns)).sort_values("parallel")
+            if rows.empty:
+                continue
+            traces.append(Trace(
+                key=dep if len(runs) == 1 else f"{run}/{dep}",
+                colour=COLOURS[deployments.index(dep) % len(COLOURS)],
+                marker=MARKERS[run_index % len(MARKERS)],
+                linestyle=LINESTYLES[run_index % len(LINESTYLES)], frame=rows))
+    return traces
+
+
+def _new_figure(width_in: float = 9.0, height_in: float = 6.0) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width_in, height_in), layout="constrained")
+
+
+def _mark_simulated(fig: Figure, df: pd.DataFrame | None = None, simulated: bool | None = None) -> None:
+    banner = SIM_BANNER
+    if df is not None:
+        sim_runs = sorted({str(r) for r in df.loc[df["simulated"].fillna(False).astype(bool), "run_id"]})
+        simulated = bool(sim_runs)
+        if sim_runs and len(sim_runs) < df["run_id"].nunique():
+            banner = f"SIMULATED ENGINE ({', '.join(sim_runs)}): not GPU measurements"
+    if not simulated:
+        return
+    fig.text(0.5, 0.5, "SIMULATED", ha="center", va="center", rotation=28, fontsize=90, fontweight="bold",
+             color="#c0392b", alpha=0.07, zorder=0)
+    fig.suptitle(banner, color="white", fontsize=11, fontweight="bold",
+                 bbox={"boxstyle": "round,pad=0.35", "facecolor": "#c0392b", "edgecolor": "none"})
+
+
+def _failed_note(ax: Axes, df: pd.DataFrame) -> None:
+    failed = df[df["status"] != "ok"].sort_values(["run_id", "deployment", "parallel"])
+    if failed.empty:
+        return
+    several = df["run_id"].nunique() > 1
+    names = [f"{r.run_id + '/' if several else ''}{r.deployment} c{r.parallel}" for r in failed.itertuples()]
+    ax.annotate("failed, not shown: " + ", ".join(names), xy=(0.0, -0.13), xycoords="axes fraction",
+                fontsize=8, color="#c0392b", va="top")
+
+
+def _context(df: pd.DataFrame) -> str:
+    parts = []
+    models = sorted({str(m) for m in df["gpu_model"].dropna()})
+    gpus = sorted({int(g) for g in df["gpus_per_server"].dropna()})
+    if models:
+        parts.append(" / ".join(models))
+    if gpus:
+        parts.append(" / ".join(f"{g} GPUs per server" for g in gpus))
+    runs = list(dict.fromkeys(df["run_id"]))
+    if runs:
+        parts.append("run " + runs[0] if len(runs) == 1 else f"{len(runs)} runs")
+    return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class _Label:
+    x: float
+    y: float
+    text: str
+    colour: str
+
+
+# offsets (points) tried in turn for a point's label: right-above, right-below, left-above, ...
+_LABEL_OFFSETS = ((9, 4), (9, -14), (-3, 4), (-3, -14), (-4, 10), (-4, -20), (11, -5), (-3, -5), (16, 10),
+                  (16, -20), (-10, 16), (-10, -26))
+
+
+def _place_labels(ax: Axes, labels: Sequence[_Label], fontsize: float, bold: bool = False,
+                  lines: Sequence[tuple[Sequence[float], Sequence[float]]] = ()) -> None:
+    """Annotate points so that no label covers another label, a marker or a drawn line (greedy)."""
+    import numpy as np
+
+    to_points = 72.0 / ax.figure.dpi
+    anchors = [tuple(ax.transData.transform((lab.x, lab.y)) * to_points) for lab in labels]
+    marker_half = 8.0  # the frontier ring's radius, in points
+    bbox = ax.get_window_extent()
+    frame = (bbox.x0 * to_points, bbox.y0 * to_points, bbox.x1 * to_points, bbox.y1 * to_points)
+    taken: list[tuple[float, float, float, float]] = [
+        (ax_ - marker_half, ay - marker_half, ax_ + marker_half, ay + marker_half) for ax_, ay in anchors]
+    for xs, ys in lines:
+        pts = ax.transData.transform(np.column_stack([xs, ys])) * to_points
+        for (x0, y0), (x1, y1) in zip(pts[:-1], pts[1:], strict=True):
+            steps = max(1, int(np.hypot(x1 - x0, y1 - y0) // 4))
+            for f in np.linspace(0.0, 1.0, steps + 1):
+                x, y = x0 + f * (x1 - x0), y0 + f * (y1 - y0)
+                taken.append((x - 1.5, y - 1.5, x + 1.5, y + 1.5))
+
+    def overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
+        w = min(a[2], b[2]) - max(a[0], b[0])
+        h = min(a[3], b[3]) - max(a[1], b[1])
+        return w * h if w > 0 and h > 0 else 0.0
+
+    placed: list[tuple[str, float, float]] = []
+    for lab, (px, py) in zip(labels, anchors, strict=True):
+        # the same point of the same deployment in several runs: label it once
+        if any(text == lab.text and abs(qx - px) < 6 and abs(qy - py) < 6 for text, qx, qy in placed):
+            continue
+        placed.append((lab.text, px, py))
+        width = 0.62 * fontsize * len(lab.text)
+        best: tuple[float, tuple[float, float], tuple[float, float, float, float]] | None = None
+        for dx, dy in _LABEL_OFFSETS:
+            left = px + dx if dx > 0 else px + dx - width
+            box = (left, py + dy, left + width, py + dy + fontsize)
+            cost = sum(overlap(box, other) for other in taken)
+            inside = overlap(box, frame) / ((box[2] - box[0]) * (box[3] - box[1]))
+            cost += (1.0 - inside) * 1e4  # a label cut by the axes edge is worse than any overlap
+            if best is None or cost < best[0]:
+                best = (cost, (left - px, dy), box)
+            if cost == 0:
+                break
+        assert best is not None
+        taken.append(best[2])
+        ax.annotate(lab.text, (lab.x, lab.y), textcoords="offset points", xytext=best[1], fontsize=fontsize,
+                    color=lab.colour, fontweight="bold" if bold else "normal", ha="left", va="bottom")
+
+
+def pareto_frontier(xs: Sequence[float], ys: Sequence[float]) -> list[int]:
+    """Indices of the points no other point beats on both axes (higher is better on both)."""
+    return [i for i, (x, y) in enumerate(zip(xs, ys, strict=True))
+            if not any((x2 >= x and y2 >= y) and (x2 > x or y2 > y)
+                       for x2, y2 in zip(xs, ys, strict=True))]
+
+
+def build_pareto_figure(df: pd.DataFrame, x: XAxis = "total") -> Figure:
+    """Interactivity against per-GPU throughput; the data line of each trace has gid 'pareto:<key>'."""
+    x_col, x_label = X_COLUMNS[x]
+    y_col = "interactivity_tok_s_user"
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    traces = _traces(df, [x_col, y_col])
+    labels: list[_Label] = []
+    for trace in traces:
+        xs = trace.frame[x_col].astype(float).tolist()
+        ys = trace.frame[y_col].astype(float).tolist()
+        (line,) = ax.plot(xs, ys, color=trace.colour, marker=trace.marker, linestyle=trace.linestyle,
+                          linewidth=1.8, markersize=6, label=trace.key, zorder=3)
+        line.set_gid(f"pareto:{trace.key}")
+        front = sorted(pareto_frontier(xs, ys), key=lambda i: xs[i])
+        fx, fy = [xs[i] for i in front], [ys[i] for i in front]
+        # the frontier: a bold translucent band under its points, and a ring round each
+        ax.plot(fx, fy, color=trace.colour, linewidth=8, alpha=0.2, solid_capstyle="round",
+                solid_joinstyle="round", zorder=2, gid=f"frontier:{trace.key}")
+        ax.scatter(fx, fy, s=190, facecolors="none", edgecolors=trace.colour, linewidths=1.6, zorder=4)
+        labels += [_Label(xv, yv, f"c{c}", trace.colour)
+                   for xv, yv, c in zip(xs, ys, trace.frame["parallel"], strict=True)]
+    if traces:
+        from matplotlib.lines import Line2D
+
+        handles, names = ax.get_legend_handles_labels()
+        handles.append(Line2D([], [], color="#444444", marker="o", markersize=13, markerfacecolor="none",
+                              linewidth=7, alpha=0.5))
+        names.append("Pareto frontier (ringed, shaded)")
+        ax.legend(handles, names, loc="best", fontsize=9, framealpha=0.9)
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)
+        _place_labels(ax, labels, fontsize=8.5, bold=True, lines=[
+            (t.frame[x_col].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
+    else:
+        ax.text(0.5, 0.5, "no completed points", transform=ax.transAxes, ha="center", color="#777777")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("Interactivity (tok/s/user) = 1000 / mean TPOT (ms)")
+    ax.set_title(f"Interactivity vs throughput: {_context(df)}", fontsize=11)
+    ax.grid(True, alpha=0.3)
+    _failed_note(ax, df)
+    _mark_simulated(fig, df)
+    return fig
+
+
+def build_occupancy_figure(df: pd.DataFrame) -> Figure:
+    """Measured mean running requests against offered concurrency, with y = x (offered) for reference."""
+    fig = _new_figure()
+    ax = fig.add_subplot()
+    y_col = "occupancy_mean_running"
+    traces = _traces(df, [y_col])
+    labels: list[_Label] = []
+    offered = sorted({int(c) for c in df["parallel"].dropna()})
+    if offered:
+        top = max(offered)
+        ax.plot([0, top * 1.05], [0, top * 1.05], color="#888888", linestyle="--", linewidth=1.2,
+                label="offered concurrency (y = x)", zorder=1)
+    for trace in traces:
+        cs = trace.frame["parallel"].astype(int).tolist()
+        ys = trace.frame[y_col].astype(float).tolist()
+        (line,) = ax.plot(cs, ys, color=trace.colour, marker=trace.marker, linestyle=trace.linestyle,
+                          linewidth=1.8, markersize=6, label=trace.key, zorder=3)
+        line.set_gid(f"occupancy:{trace.key}")
+        labels += [_Label(c, y, f"{y:.1f}", trace.colour) for c, y in zip(cs, ys, strict=True)]
+    if offered:
+        ax.set_xticks(offered, [f"c{c}" for c in offered])
+        ax.set_xlim(0, max(offered) * 1.05)
+        ax.set_ylim(0, max(offered) * 1.05)
+        _place_labels(ax, labels, fontsize=8, lines=[([0, max(offered)], [0, max(offered)])] + [
+            (t.frame["parallel"].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
+    ax.set_xlabel("Offered concurrency (EvalScope --parallel, requests)")
+    ax.set_ylabel("Measured mean running requests\n(mean of non-zero vllm:num_requests_running)")
+    ax.set_title(f"Occupancy: requests the server actually ran: {_context(df)}", fontsize=11)
+    if offered:
+        ax.legend(loc="upper left", fontsize=9, framealpha=0.9)
+    else:
+        ax.text(0.5, 0.5, "no completed points", transform=ax.transAxes, ha="center", color="#777777")
+    ax.grid(True, alpha=0.3)
+    _failed_note(ax, df)
+    _mark_simulated(fig, df)
+    return fig
+
+
+def build_acceptance_figure(df: pd.DataFrame) -> Figure | None:
+    """MTP acceptance length per point; None when no point has one (no speculation)."""
+    y_col = "mtp_acceptance_length"
+    traces = _traces(df, [y_col])
+    if not traces:
+        return None
+    fig = _new_figure(8.0, 4.8)
+    ax = fig.add_subplot()
+    top = 1.0
+    labels: list[_Label] = []
+    for trace in traces:
+        cs = trace.frame["parallel"].astype(int).tolist()
+        ys = trace.frame[y_col].astype(float).tolist()
+        top = max(top, *ys)
+        (line,) = ax.plot(cs, ys, color=trace.colour, marker=trace.marker, linestyle=trace.linestyle,
+                          linewidth=1.8, markersize=6, label=trace.key)
+        line.set_gid(f"acceptance:{trace.key}")
+        labels += [_Label(c, y, f"{y:.2f}", trace.colour) for c, y in zip(cs, ys, strict=True)]
+    offered = sorted({int(c) for t in traces for c in t.frame["parallel"]})
+    ax.set_xticks(offered, [f"c{c}" for c in offered])
+    ax.set_ylim(1.0, top + 0.35 * (top - 1.0) + 0.1)
+    _place_labels(ax, labels, fontsize=8, lines=[
+        (t.frame["parallel"].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
+    ax.set_xlabel("Offered concurrency (requests)")
+    ax.set_ylabel("MTP acceptance length (tokens per step)\n1 + d(accepted) / d(drafts)")
+    ax.set_title(f"Speculative decoding acceptance: {_context(df)}", fontsize=11)
+    ax.legend(loc="lower left", fontsize=9, framealpha=0.9)
+    ax.grid(True, alpha=0.3)
+    _mark_simulated(fig, df)
+    return fig
+
+
+def _shade_windows(axes: Sequence[Axes], timeline: DeploymentTimeline, minutes: float) -> None:
+    for i, w in enumerate(timeline.windows):
+        colour = "#f2c4c0" if w.status != "ok" else ("#e3e9f2" if i % 2 == 0 else "#eef1e4")
+        for ax in axes:
+            ax.axvspan(w.start_s / minutes, w.end_s / minutes, color=colour, alpha=0.8, zorder=0, lw=0)
+        label = f"c{w.parallel}" + ("" if w.status == "ok" else " failed")
+        axes[0].annotate(label, ((w.start_s + w.end_s) / 2 / minutes, 1.0), xycoords=("data", "axes fraction"),
+                         xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8.5,
+                         color="#c0392b" if w.status != "ok" else "#333333", fontweight="bold")
+
+
+def build_timeseries_figure(timeline: DeploymentTimeline, simulated: bool = False, title: str = "") -> Figure:
+    """Running/waiting requests, KV usage and transfer rates of one deployment, point windows shaded."""
+    fig = _new_figure(11.0, 8.5)
+    axes = fig.subplots(3, 1, sharex=True)
+    spans = [w.end_s for w in timeline.windows] + [t for s in timeline.requests for t in s.t_s[-1:]]
+    minutes = 60.0 if max(spans, default=0.0) > 600 else 1.0
+    unit = "min" if minutes == 60.0 else "s"
+    _shade_windows(axes, timeline, minutes)
+    styles = ("-", "--", ":", "-.")
+    panels = ((axes[0], timeline.requests, "Requests", 1.0),
+              (axes[1], timeline.kv_usage, "Cache usage (%)", 100.0),
+              (axes[2], timeline.transfer_gb_s, "KV transfer rate (GB/s)", 1.0))
+    for ax, series_list, ylabel, scale in panels:
+        for i, series in enumerate(series_list):
+            ax.plot([t / minutes for t in series.t_s], [v * scale for v in series.values],
+                    label=series.label, linestyle=styles[i % len(styles)], linewidth=1.5,
+                    color=COLOURS[i % len(COLOURS)], drawstyle="steps-mid" if ax is axes[2] else "default")
+        if series_list:
+            ax.legend(loc="upper left", fontsize=8.5, framealpha=0.9)
+            ax.set_ylim(bottom=0)
+        else:
+            ax.text(0.5, 0.5, "not exposed by this server", transform=ax.transAxes, ha="center",
+                    va="center", color="#777777")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    if timeline.kv_usage:
+        axes[1].set_ylim(0, 105)
+    if timeline.scrapes_failed_t_s:
+        for ax in axes:
+            ax.plot([t / minutes for t in timeline.scrapes_failed_t_s], [0] * len(timeline.scrapes_failed_t_s),
+                    "x", color="#c0392b", markersize=7, clip_on=False, zorder=5)
+        axes[0].plot([], [], "x", color="#c0392b", label="failed /metrics scrape")
+    for i, t in enumerate(timeline.counter_resets_t_s):
+        for ax in axes:
+            ax.axvline(t / minutes, color="#c0392b", linewidth=1.4, linestyle="-.", zorder=4,
+                       label="counters reset (server restart)" if ax is axes[0] and i == 0 else None)
+    if timeline.counter_resets_t_s or timeline.scrapes_failed_t_s:
+        axes[0].legend(loc="upper left", fontsize=8.5, framealpha=0.9)
+    axes[-1].set_xlabel(f"Time since the deployment's first point ({unit}); shaded: point windows")
+    axes[0].set_title(title or f"{timeline.deployment}: server state over the run", fontsize=11, pad=16)
+    _mark_simulated(fig, simulated=simulated)
+    return fig
+
+
+def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
+    """PNG and SVG of `fig`, each written atomically."""
+    paths = []
+    for fmt in ("png", "svg"):
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format=fmt, dpi=FIGURE_DPI)
+        path = Path(out_dir) / f"{stem}.{fmt}"
+        atomic_write_bytes(path, buffer.getvalue())
+        paths.append(path)
+    return paths
+
+
+def _safe_stem(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+
+
+def plot_runs(run_dirs: Iterable[Path | str], out_dir: Path, x: XAxis = "total") -> list[Path]:
+    """Draw every figure of the runs into out_dir; returns the files written (PNG and SVG)."""
+    from harness.summary import load_runs
+
+    run_dirs = [Path(r) for r in run_dirs]
+    if x not in X_COLUMNS:
+        from harness.errors import HarnessError
+
+        raise HarnessError(f"--x {x}: choose one of {', '.join(X_COLUMNS)}")
+    df = load_runs(run_dirs)
+    out_dir = Path(out_dir)
+    written: list[Path] = []
+    written += save_figure(build_pareto_figure(df, x), out_dir, "pareto")
+    written += save_figure(build_occupancy_figure(df), out_dir, "occupancy")
+    acceptance = build_acceptance_figure(df)
+    if acceptance is not None:
+        written += save_figure(acceptance, out_dir, "acceptance")
+    for run_dir in run_dirs:
+        manifest = read_manifest(run_dir)
+        points = iter_points(run_dir)
+        for dep in dict.fromkeys(p.deployment for p in points):
+            dep_points = [p for p in points if p.deployment == dep]
+            timeline = load_timeline(run_dir, dep, dep_points)
+            simulated = manifest.simulated or any(p.simulated for p in dep_points)
+            stem = f"timeseries-{dep}" if len(run_dirs) == 1 else f"timeseries-{manifest.run_id}-{dep}"
+            title = f"{dep}: server state over the run" + (f" ({manifest.run_id})" if len(run_dirs) > 1 else "")
+            written += save_figure(build_timeseries_figure(timeline, simulated, title), out_dir, _safe_stem(stem))
+    return written
+
+
+def default_plots_dir(run_dirs: Sequence[Path]) -> Path:
+    """plots/<run-id>/ beside results/ (several runs: plots/<first-run-id>+<N more>/)."""
+    first = Path(run_dirs[0])
+    name = first.name if len(run_dirs) == 1 else f"{first.name}+{len(run_dirs) - 1}"
+    base = first.parent.parent / "plots" if first.parent.name == "results" else Path("plots")
+    return base / name
+
+
+def figures_present(plots_dir: Path) -> bool:
+    return (Path(plots_dir) / "pareto.png").is_file() and (Path(plots_dir) / "occupancy.png").is_file()

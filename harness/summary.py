@@ -1,0 +1,269 @@
+"""summary.csv: one row per (deployment, point) of a run, and loading runs into pandas.
+
+Column names are the record field names (harness/records.py); `summary_columns()` is
+the one table of names, units and meanings that README.md copies, so they never drift.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from harness.errors import HarnessError
+from harness.records import PointRecord
+from harness.results import Manifest, RunPaths, atomic_write_text, iter_points, read_manifest
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+Kind = Literal["str", "int", "float", "bool"]
+Source = Literal["run", "point", "summary", "metrics"]
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    kind: Kind
+    unit: str
+    meaning: str
+    source: Source
+
+
+def _c(name: str, kind: Kind, unit: str, meaning: str, source: Source) -> Column:
+    return Column(name, kind, unit, meaning, source)
+
+
+# Order is the CSV column order. mean_ttft_ms / mean_tpot_ms appear once: the point's
+# metrics value, falling back to EvalScope's summary when metrics are absent.
+COLUMNS: tuple[Column, ...] = (
+    _c("run_id", "str", "", "run folder name (results/<run_id>/)", "run"),
+    _c("deployment", "str", "", "deployment name from the sweep file", "point"),
+    _c("parallel", "int", "requests", "offered concurrency (EvalScope --parallel)", "point"),
+    _c("number", "int", "conversations", "conversations sent (EvalScope --number)", "point"),
+    _c("dataset_offset", "int", "conversations", "EvalScope --dataset-offset of the point", "point"),
+    _c("status", "str", "", "ok or failed", "point"),
+    _c("reason", "str", "", "why the point failed (empty when ok)", "point"),
+    _c("simulated", "bool", "", "measured on the simulated engine, not a GPU server", "run"),
+    _c("gpu_model", "str", "", "GPU model of the servers (manifest)", "run"),
+    _c("gpus_per_server", "int", "GPUs", "GPUs per server, from the sweep file (per-GPU divisor)", "point"),
+    _c("attempt", "int", "", "attempt number that produced this point", "point"),
+    _c("started_unix_s", "float", "s", "point start, Unix time", "point"),
+    _c("ended_unix_s", "float", "s", "point end, Unix time", "point"),
+    _c("wall_s", "float", "s", "point wall time", "point"),
+    _c("server_restarted", "bool", "", "the server restarted during the point", "point"),
+    _c("interactivity_tok_s_user", "float", "tok/s/user", "1000 / mean TPOT (ms)", "metrics"),
+    _c("total_tok_s_per_gpu", "float", "tok/s/GPU",
+       "EvalScope total token throughput (re-sent history included) / gpus_per_server", "metrics"),
+    _c("output_tok_s_per_gpu", "float", "tok/s/GPU", "EvalScope output token throughput / gpus_per_server",
+       "metrics"),
+    _c("mean_ttft_ms", "float", "ms", "mean time to first token (EvalScope)", "metrics"),
+    _c("mean_tpot_ms", "float", "ms", "mean time per output token after the first (EvalScope)", "metrics"),
+    _c("occupancy_mean_running", "float", "requests", "mean of the non-zero vllm:num_requests_running samples",
+       "metrics"),
+    _c("mean_waiting", "float", "requests", "mean of vllm:num_requests_waiting samples", "metrics"),
+    _c("max_running", "float", "requests", "largest vllm:num_requests_running sample", "metrics"),
+    _c("mtp_acceptance_length", "float", "tokens/step", "1 + d(accepted tokens) / d(drafts); empty without MTP",
+       "metrics"),
+    _c("preemptions", "float", "count", "d(vllm:num_preemptions_total) over the point", "metrics"),
+    _c("kv_usage_mean", "float", "fraction", "mean GPU KV cache usage (0..1)", "metrics"),
+    _c("kv_usage_max", "float", "fraction", "largest GPU KV cache usage sample (0..1)", "metrics"),
+    _c("offload_load_bytes", "float", "bytes", "d(vllm:kv_offload_load_bytes_total), host to GPU", "metrics"),
+    _c("offload_store_bytes", "float", "bytes", "d(vllm:kv_offload_store_bytes_total), GPU to host", "metrics"),
+    _c("offload_load_bytes_per_s", "float", "B/s", "offload load bytes / point window", "metrics"),
+    _c("offload_store_bytes_per_s", "float", "B/s", "offload store bytes / point window", "metrics"),
+    _c("hisparse_hit_rate", "float", "fraction", "d(hisparse hits) / (d(hits) + d(misses))", "metrics"),
+    _c("hisparse_h2d_bytes_per_s", "float", "B/s", "d(vllm:hisparse_host_to_device_bytes_total) / window",
+       "metrics"),
+    _c("prefix_cache_hit_rate", "float", "fraction", "d(prefix cache hits) / d(prefix cache queries)", "metrics"),
+    _c("server_tpot_ms", "float", "ms", "server TPOT: d(sum) / d(count) of "
+       "vllm:request_time_per_output_token_seconds", "metrics"),
+    _c("tpot_rel_diff", "float", "fraction", "(server - client) / client TPOT", "metrics"),
+    _c("tpot_disagrees", "bool", "", "|tpot_rel_diff| > 0.10: the measurement itself is in doubt", "metrics"),
+    _c("counter_resets", "int", "count", "counters seen going down (server restart) in the point", "metrics"),
+    _c("scrapes_ok", "int", "count", "/metrics scrapes that succeeded in the point", "metrics"),
+    _c("scrapes_failed", "int", "count", "/metrics scrapes that failed in the point", "metrics"),
+    _c("window_s", "float", "s", "time between the point's first and last scrape", "metrics"),
+    _c("total_requests", "int", "requests", "requests EvalScope sent", "summary"),
+    _c("success_requests", "int", "requests", "requests that succeeded", "summary"),
+    _c("failed_requests", "int", "requests", "requests that failed", "summary"),
+    _c("total_throughput_tok_s", "float", "tok/s", "EvalScope total token throughput of the server",
+       "summary"),
+    _c("output_throughput_tok_s", "float", "tok/s", "EvalScope output token throughput of the server",
+       "summary"),
+    _c("request_throughput_req_s", "float", "req/s", "EvalScope request throughput", "summary"),
+    _c("mean_itl_ms", "float", "ms", "mean inter-token latency (EvalScope)", "summary"),
+    _c("mean_latency_s", "float", "s", "mean request latency (EvalScope)", "summary"),
+    _c("mean_input_tokens", "float", "tokens", "mean prompt tokens per request (EvalScope)", "summary"),
+    _c("mean_output_tokens", "float", "tokens", "mean output tokens per request (EvalScope)", "summary"),
+    _c("time_taken_s", "float", "s", "EvalScope benchmark duration", "summary"),
+    _c("key_set", "str", "", "EvalScope summary key set read: <=1.9 or >=1.10", "summary"),
+)
+_BY_NAME = {c.name: c for c in COLUMNS}
+
+
+def summary_columns() -> list[tuple[str, str, str]]:
+    """(name, unit, meaning) of every summary.csv column, in file order."""
+    return [(c.name, c.unit, c.meaning) for c in COLUMNS]
+
+
+def summary_columns_markdown() -> str:
+    """The column table as markdown, for README.md."""
+    lines = ["| column | unit | meaning |", "|---|---|---|"]
+    lines += [f"| `{name}` | {unit} | {meaning} |" for name, unit, meaning in summary_columns()]
+    return "\n".join(lines) + "\n"
+
+
+def _value(column: Column, point: PointRecord, manifest: Manifest) -> object:
+    if column.source == "run":
+        if column.name == "run_id":
+            return manifest.run_id
+        if column.name == "simulated":
+            return bool(manifest.simulated or point.simulated)
+        return getattr(manifest, column.name)
+    if column.source == "point":
+        return getattr(point, column.name)
+    if column.source == "metrics":
+        value = getattr(point.metrics, column.name) if point.metrics is not None else None
+        if value is None and column.name in ("mean_ttft_ms", "mean_tpot_ms") and point.summary is not None:
+            value = getattr(point.summary, column.name)
+        return value
+    return getattr(point.summary, column.name) if point.summary is not None else None
+
+
+def point_row(point: PointRecord, manifest: Manifest) -> dict[str, object]:
+    row = {c.name: _value(c, point, manifest) for c in COLUMNS}
+    row["run_id"] = manifest.run_id
+    return row
+
+
+_DTYPES: dict[Kind, str] = {"str": "string", "int": "Int64", "float": "float64", "bool": "boolean"}
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
+    for c in COLUMNS:
+        if c.name not in df.columns:
+            df[c.name] = pd.NA
+    extra = [name for name in df.columns if name not in _BY_NAME]
+    df = df[[c.name for c in COLUMNS] + extra].copy()
+    for c in COLUMNS:
+        if c.kind == "bool" and str(df[c.name].dtype) != "boolean":
+            df[c.name] = df[c.name].astype(object).map(_as_bool)
+        if c.kind == "float":
+            df[c.name] = pd.to_numeric(df[c.name], errors="coerce").astype("float64")
+        else:
+            df[c.name] = df[c.name].astype(_DTYPES[c.kind])
+    return df.reset_index(drop=True)
+
+
+def _as_bool(value: object) -> object:
+    import pandas as pd
+
+    if isinstance(value, str):
+        return {"true": True, "false": False}.get(value.strip().lower(), pd.NA)
+    if value is None or pd.isna(value):
+        return pd.NA
+    return bool(value)
+
+
+def summary_frame(run_dir: Path) -> pd.DataFrame:
+    """The run's points as a typed DataFrame, computed from manifest.json and every point.json."""
+    import pandas as pd
+
+    manifest = read_manifest(run_dir)
+    rows = [point_row(p, manifest) for p in iter_points(run_dir)]
+    return _typed(pd.DataFrame(rows, columns=[c.name for c in COLUMNS]))
+
+
+def write_summary_csv(run_dir: Path) -> Path:
+    """Write results/<run>/summary.csv atomically from the run's point.json files."""
+    path = RunPaths(Path(run_dir)).summary_csv
+    buffer = io.StringIO()
+    summary_frame(run_dir).to_csv(buffer, index=False)
+    atomic_write_text(path, buffer.getvalue())
+    return path
+
+
+def _read_summary_csv(path: Path) -> pd.DataFrame:
+    import pandas as pd
+
+    try:
+        # "NA" could be a deployment name: only an empty field is missing
+        # pandas 3 reads floats back exactly by default and deprecates the option; pandas 2 needs it
+        exact = {"float_precision": "round_trip"} if int(pd.__version__.split(".")[0]) < 3 else {}
+        raw = pd.read_csv(path, keep_default_na=False, na_values=[""], **exact,
+                          dtype={c.name: "string" for c in COLUMNS if c.kind in ("str", "bool")})
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"{path}: unreadable summary.csv: {str(exc).splitlines()[0]}") from None
+    return _typed(raw)
+
+
+def _csv_is_current(run_dir: Path) -> bool:
+    csv = RunPaths(run_dir).summary_csv
+    if not csv.is_file():
+        return False
+    newest = max((p.stat().st_mtime for p in run_dir.glob("points/*/p*/point.json")), default=0.0)
+    newest = max(newest, RunPaths(run_dir).manifest.stat().st_mtime if RunPaths(run_dir).manifest.exists()
+                 else 0.0)
+    return csv.stat().st_mtime >= newest
+
+
+def load_runs(run_dirs: Iterable[Path | str]) -> pd.DataFrame:
+    """One DataFrame for one or several runs (a `run_id` column tells them apart).
+
+    A run's summary.csv is read when it is at least as new as its point.json files;
+    otherwise the rows are computed from the points, so a half-finished run loads too.
+    """
+    import pandas as pd
+
+    frames = []
+    for run_dir in (Path(r) for r in run_dirs):
+        if not RunPaths(run_dir).manifest.is_file():
+            raise HarnessError(f"{run_dir}: not a run folder (no manifest.json)")
+        frame = _read_summary_csv(RunPaths(run_dir).summary_csv) if _csv_is_current(run_dir) \
+            else summary_frame(run_dir)
+        frames.append(frame)
+    if not frames:
+        return _typed(pd.DataFrame(columns=[c.name for c in COLUMNS]))
+    return _typed(pd.concat(frames, ignore_index=True))
+
+
+def resolve_run_dir(run: str | Path, results_root: Path = Path("results")) -> Path:
+    """RUN as the user typed it: a run folder path, or a run id under results/."""
+    path = Path(run)
+    for candidate in (path, Path(results_root) / str(run)):
+        if (candidate / "manifest.json").is_file():
+            return candidate
+    if path.is_dir():
+        raise HarnessError(f"{run}: not a run folder (no manifest.json)")
+    raise HarnessError(f"{run}: no such run folder (looked for {path} and {Path(results_root) / str(run)})")
+
+
+def _number(value: object, digits: int) -> str:
+    import pandas as pd
+
+    return "-" if value is None or pd.isna(value) else f"{float(value):,.{digits}f}"
+
+
+def summary_table(run_dir: Path, frame: pd.DataFrame | None = None) -> str:
+    """A compact fixed-width table of a run's points (or of `frame`), for the end of a sweep."""
+    df = summary_frame(run_dir) if frame is None else frame
+    headers = ("deployment", "c", "status", "tok/s/user", "tok/s/GPU", "occupancy", "accept", "preempt")
+    several = df["run_id"].nunique() > 1
+    rows: list[Sequence[str]] = []
+    for r in df.sort_values(["run_id", "deployment", "parallel"]).itertuples(index=False):
+        rows.append((f"{r.run_id}/{r.deployment}" if several else str(r.deployment), str(r.parallel),
+                     str(r.status), _number(r.interactivity_tok_s_user, 1), _number(r.total_tok_s_per_gpu, 0),
+                     _number(r.occupancy_mean_running, 1), _number(r.mtp_acceptance_length, 2),
+                     _number(r.preemptions, 0)))
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        rest = [text.rjust(w) for text, w in zip(cells[1:], widths[1:], strict=True)]
+        return "  ".join([cells[0].ljust(widths[0])] + rest)
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(row) for row in rows]) + "\n"

@@ -1,0 +1,82 @@
+"""report.md: provenance, the points table, figures linked relative to it, and every warning."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from run_fixtures import HISPARSE, OFFLOAD, make_run
+
+from harness.report.markdown import collect_warnings, reused_points, write_report
+from harness.report.plots import plot_runs
+from harness.results import iter_points, read_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_report_holds_provenance_points_figures_and_warnings(tmp_path):
+    run = make_run(tmp_path / "results", "run-w", failed_point=(OFFLOAD, 32), tpot_disagree_at=(HISPARSE, 8),
+                   restart_at=(HISPARSE, 16), conversations_built=100)
+    plots = tmp_path / "plots" / "run-w"
+    plot_runs([run], plots)
+    path = write_report(run, plots)
+    assert path == run / "report.md"
+    text = path.read_text()
+
+    warnings = text.split("## Warnings", 1)[1].split("## Points", 1)[0]
+    assert f"**failed point**: `{OFFLOAD}` c32 failed: server exited" in warnings
+    assert "**conversation reuse**: the dataset has 100 conversations but the sweep needs 168: c16, c32" \
+        in warnings
+    assert f"**TPOT disagreement**: `{HISPARSE}` c8" in warnings and "+25%" in warnings
+    assert f"**server restarted**: `{HISPARSE}` c16" in warnings
+
+    rows = [line for line in text.splitlines() if line.startswith(f"| {HISPARSE} |")]
+    assert len(rows) == 4
+    assert "| **failed** |" in next(line for line in text.splitlines() if line.startswith(f"| {OFFLOAD} | 32 |"))
+    assert "| sweep | glm53-tp8 (sweeps/tp8.yaml) |" in text and "| gpu.driver | 580.82.07 |" in text
+
+    links = re.findall(r"!\[[^]]*\]\(([^)]+)\)", text)
+    assert len(links) == 5  # pareto, occupancy, acceptance, one time series per deployment
+    for link in links:
+        assert not os.path.isabs(link)
+        assert (run / link).resolve().is_file(), link
+    assert "SIMULATED" not in text
+
+
+def test_a_clean_run_has_no_warnings_and_a_simulated_one_says_so(tmp_path):
+    run = make_run(tmp_path, simulated=True)
+    assert collect_warnings(read_manifest(run), iter_points(run)) == []
+    text = write_report(run, tmp_path / "no-plots").read_text()
+    assert "## Warnings\n\nNone." in text
+    assert "**SIMULATED**" in text
+    assert "No figures" in text
+
+
+def test_reuse_names_the_points_that_run_past_the_dataset(tmp_path):
+    # the blog's sweep with 128 conversations: offsets 52, 56, 72, 104, 152 (FACTS.md §6)
+    run = make_run(tmp_path, points=((1, 4), (8, 16), (16, 32), (24, 48), (32, 64)), conversations_built=128)
+    assert reused_points(read_manifest(run), iter_points(run)) == [24, 32]
+
+
+def test_manifest_restarts_and_failed_scrapes_are_reported(tmp_path):
+    run = make_run(tmp_path, scrape_error_at=(OFFLOAD, 8))
+    manifest = read_manifest(run)
+    manifest.deployments[OFFLOAD]["restarts"] = 2
+    kinds = {(w.kind, w.text.split(":")[0]) for w in collect_warnings(manifest, iter_points(run))}
+    assert ("server restarted", f"`{OFFLOAD}`") in kinds
+    assert ("failed scrapes", f"`{OFFLOAD}` c8") in kinds
+
+
+def test_report_command_draws_missing_figures(tmp_path):
+    make_run(tmp_path / "results", "run-r", failed_point=(OFFLOAD, 16))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"}
+    done = subprocess.run([sys.executable, "-m", "harness", "report", "run-r"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "plots" / "run-r" / "pareto.png").is_file()
+    report = (tmp_path / "results" / "run-r" / "report.md").read_text()
+    assert "](../../plots/run-r/pareto.png)" in report
+    assert "warning: failed point" in done.stdout
