@@ -385,6 +385,15 @@ class ClientSettings(StrictModel):
             raise ValueError("parallel and number values must be >= 1")
         return self
 
+    @model_validator(mode="after")
+    def _unique_concurrency(self) -> ClientSettings:
+        # a point's folder is named by its concurrency (p8): two points at one concurrency would collide
+        seen = [p.parallel for p in self.point_list]
+        dupes = sorted({c for c in seen if seen.count(c) > 1})
+        if dupes:
+            raise ValueError(f"concurrency {dupes[0]} appears in two points; each point needs its own parallel value")
+        return self
+
     @property
     def point_list(self) -> list[PointSpec]:
         if self.points is not None:

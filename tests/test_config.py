@@ -162,6 +162,11 @@ def test_hisparse_on_a_build_older_than_030(tmp_path):
     assert "l.yaml:" in msg and "first shipped in vLLM 0.30.0" in msg
 
 
+def test_duplicate_concurrency(tmp_path):
+    msg = _error(_write(tmp_path, sweep=_sweep(points="points: [{parallel: 2, number: 2}, {parallel: 2, number: 4}]")))
+    assert "s.yaml: client:" in msg and "concurrency 2 appears in two points" in msg
+
+
 def test_gpus_per_server_must_match_profile(tmp_path):
     msg = _error(_write(tmp_path, launch=LAUNCH_OK.replace("tensor_parallel_size: 1", "tensor_parallel_size: 8")))
     assert "s.yaml: deployments[0].launch: gpus_per_server is 1" in msg
