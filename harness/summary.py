@@ -81,7 +81,7 @@ COLUMNS: tuple[Column, ...] = (
     _c("server_tpot_ms", "float", "ms", "server TPOT: d(sum) / d(count) of "
        "vllm:request_time_per_output_token_seconds", "metrics"),
     _c("tpot_rel_diff", "float", "fraction", "(server - client) / client TPOT", "metrics"),
-    _c("tpot_disagrees", "bool", "", "|tpot_rel_diff| > 0.10: the measurement itself is in doubt", "metrics"),
+    _c("tpot_disagrees", "bool", "", "abs(tpot_rel_diff) > 0.10: the measurement itself is in doubt", "metrics"),
     _c("counter_resets", "int", "count", "counters seen going down (server restart) in the point", "metrics"),
     _c("scrapes_ok", "int", "count", "/metrics scrapes that succeeded in the point", "metrics"),
     _c("scrapes_failed", "int", "count", "/metrics scrapes that failed in the point", "metrics"),

@@ -102,3 +102,13 @@ def test_summary_table_is_compact_and_complete(tmp_path):
     assert len({len(line) for line in lines}) == 1  # fixed width
     failed = next(line for line in lines if line.startswith(OFFLOAD) and " 32 " in line)
     assert "failed" in failed and failed.split()[-1] == "-"
+
+
+def test_readme_documents_every_summary_column():
+    from pathlib import Path
+
+    from harness.summary import summary_columns
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    missing = [name for name, _unit, _meaning in summary_columns() if f"| `{name}` |" not in readme]
+    assert not missing, f"README.md lacks summary.csv columns: {missing}"
