@@ -20,8 +20,8 @@ from harness import provenance
 from harness.config import LoadedSweep, display_path
 from harness.dataset import BuiltDataset, ensure_built
 from harness.errors import HarnessError
-from harness.launch.base import Launcher, ServerHandle, ServerSpec, ServerStartError
-from harness.loadgen import evalscope_argv, evalscope_program, log_tail, run_evalscope, summary_dir
+from harness.launch.base import Launcher, ServerHandle, ServerSpec, ServerStartError, read_log_tail
+from harness.loadgen import evalscope_argv, evalscope_program, run_evalscope, summary_dir
 from harness.metrics.derive import derive_point_metrics
 from harness.metrics.evalscope_summary import parse_summary
 from harness.metrics.scrape import Scraper, read_scrapes
@@ -363,7 +363,7 @@ def _summary_or_reason(run, load, handle: ServerHandle) -> tuple[EvalScopeSummar
     if run.timed_out:
         return summary, f"EvalScope ran past the point timeout ({run.wall_s:.0f}s)"
     if run.returncode != 0:
-        tail = " | ".join(log_tail(run.stdout_path, 3))
+        tail = " | ".join(read_log_tail(run.stdout_path, 3))
         return summary, f"EvalScope exited with code {run.returncode}: {tail[-300:]}"
     if summary is None:
         return None, f"EvalScope wrote no summary at {display_path(path)}"

@@ -163,6 +163,23 @@ class Launcher(ABC):
 
     _accepting: bool = True
 
+    def __init__(self, stop_grace_s: float = 15):
+        self.stop_grace_s = stop_grace_s
+        self.reaped: list = []  # ReapedServer records of servers killed harnesses left behind
+        self._handles: list[ServerHandle] = []
+        self._reaped_dirs: set[Path] = set()
+        self._lock = threading.Lock()
+
+    def _reap_once(self, pid_dir: Path) -> None:
+        """Before the first server in a pid dir: stop leftovers of harnesses that were killed."""
+        from harness.launch.reaper import reap_stale_servers  # the reaper builds on this module
+
+        with self._lock:
+            if pid_dir in self._reaped_dirs:
+                return
+            self._reaped_dirs.add(pid_dir)
+            self.reaped.extend(reap_stale_servers(pid_dir))
+
     @property
     def accepting(self) -> bool:
         return self._accepting
@@ -175,9 +192,25 @@ class Launcher(ABC):
     def start(self, spec: ServerSpec) -> ServerHandle:
         """Blocks until the server is ready; raises ServerStartError on early exit or timeout."""
 
-    @abstractmethod
+    def _forget(self, handle: ServerHandle) -> None:
+        with self._lock:
+            if handle in self._handles:
+                self._handles.remove(handle)
+
+    def running(self) -> list[ServerHandle]:
+        with self._lock:
+            return list(self._handles)
+
     def stop_all(self) -> None:
-        """Stop every server this launcher started and has not stopped yet."""
+        """Stop every server this launcher started and has not stopped yet (newest first)."""
+        problems = []
+        for handle in reversed(self.running()):
+            try:
+                handle.stop(self.stop_grace_s)
+            except ServerStopError as exc:
+                problems.append(str(exc))
+        if problems:
+            raise ServerStopError("; ".join(problems))
 
     def close(self) -> None:
         self.stop_accepting()

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
 
 from harness.launch.base import Launcher, LauncherClosed, ServerHandle, ServerSpec, ServerStopError
 from harness.launch.process import ServerProcess, http_healthy, pick_free_port
-from harness.launch.reaper import ReapedServer, reap_stale_servers, start_tracked
+from harness.launch.reaper import start_tracked
 
 
 class LocalServerHandle(ServerHandle):
@@ -42,21 +41,6 @@ class LocalServerHandle(ServerHandle):
 class LocalLauncher(Launcher):
     """One server at a time on this machine (nodes_for is 1): GPUs are not partitioned here."""
 
-    def __init__(self, stop_grace_s: float = 15):
-        self.stop_grace_s = stop_grace_s
-        self.reaped: list[ReapedServer] = []
-        self._handles: list[LocalServerHandle] = []
-        self._reaped_dirs: set[Path] = set()
-        self._lock = threading.Lock()
-
-    def _reap_once(self, pid_dir: Path) -> None:
-        # Before the first server in a pid dir: stop leftovers of harnesses that were killed.
-        with self._lock:
-            if pid_dir in self._reaped_dirs:
-                return
-            self._reaped_dirs.add(pid_dir)
-            self.reaped.extend(reap_stale_servers(pid_dir))
-
     def start(self, spec: ServerSpec) -> LocalServerHandle:
         if not self.accepting:
             raise LauncherClosed(spec.name, spec.log_path)
@@ -77,25 +61,6 @@ class LocalLauncher(Launcher):
             self._forget(handle)
             raise
         return handle
-
-    def _forget(self, handle: LocalServerHandle) -> None:
-        with self._lock:
-            if handle in self._handles:
-                self._handles.remove(handle)
-
-    def running(self) -> list[LocalServerHandle]:
-        with self._lock:
-            return list(self._handles)
-
-    def stop_all(self) -> None:
-        problems = []
-        for handle in reversed(self.running()):
-            try:
-                handle.stop(self.stop_grace_s)
-            except ServerStopError as exc:
-                problems.append(str(exc))
-        if problems:
-            raise ServerStopError("; ".join(problems))
 
     def nodes_for(self, gpus: int) -> int:
         return 1

@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import os
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ from harness.launch.base import (
     read_log_tail,
 )
 from harness.launch.process import ServerProcess, http_healthy, pick_free_port, port_open, terminate_tree
-from harness.launch.reaper import Owner, ReapedServer, reap_stale_servers, start_tracked
+from harness.launch.reaper import Owner, start_tracked
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 _ACTOR_START_TIMEOUT_S = 120  # worker process start + the server's spawn, before readiness
@@ -238,12 +237,8 @@ class RayLauncher(Launcher):
     def __init__(self, address: str | None = None, *, num_gpus: int | None = None,
                  num_cpus: int | None = None, object_store_memory_bytes: int = 256 * 1024**2,
                  temp_dir: Path | None = None, placement_timeout_s: float = 120, stop_grace_s: float = 15):
+        super().__init__(stop_grace_s)
         self.placement_timeout_s = placement_timeout_s
-        self.stop_grace_s = stop_grace_s
-        self.reaped: list[ReapedServer] = []
-        self._handles: list[RayServerHandle] = []
-        self._reaped_dirs: set[Path] = set()
-        self._lock = threading.Lock()
         address = address if address is not None else os.environ.get("RAY_ADDRESS") or None
         if address not in (None, "local"):
             check_ray_address(address)
@@ -271,11 +266,7 @@ class RayLauncher(Launcher):
     def start(self, spec: ServerSpec) -> RayServerHandle:
         if not self.accepting:
             raise LauncherClosed(spec.name, spec.log_path)
-        pid_dir = spec.resolved_pid_dir()
-        with self._lock:
-            if pid_dir not in self._reaped_dirs:  # leftovers of killed harnesses, on this node
-                self._reaped_dirs.add(pid_dir)
-                self.reaped.extend(reap_stale_servers(pid_dir))
+        self._reap_once(spec.resolved_pid_dir())  # leftovers of killed harnesses, on this node
         if self.nodes_for(spec.gpus) == 0:
             largest = max(self._gpu_nodes(), default=0)
             raise ServerStartError(spec.name, f"no Ray node has {spec.gpus} GPU(s) and a CPU "
@@ -336,25 +327,6 @@ class RayLauncher(Launcher):
             handle.stop(self.stop_grace_s)
         except ServerStopError:
             pass  # the start error is the one to report; the pidfile stays for the next reap
-
-    def _forget(self, handle: RayServerHandle) -> None:
-        with self._lock:
-            if handle in self._handles:
-                self._handles.remove(handle)
-
-    def running(self) -> list[RayServerHandle]:
-        with self._lock:
-            return list(self._handles)
-
-    def stop_all(self) -> None:
-        problems = []
-        for handle in reversed(self.running()):
-            try:
-                handle.stop(self.stop_grace_s)
-            except ServerStopError as exc:
-                problems.append(str(exc))
-        if problems:
-            raise ServerStopError("; ".join(problems))
 
     def close(self) -> None:
         self.stop_accepting()
