@@ -137,7 +137,8 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     from harness.launch.base import stop_servers_on_signal
     try:
         with stop_servers_on_signal(launcher):
-            parallel_slots = max(1, min(len(todo), launcher.nodes_for(loaded.sweep.gpus_per_server)))
+            gpus_needed = max(_reserved_gpus(plan, d) for d in todo)
+            parallel_slots = max(1, min(len(todo), launcher.nodes_for(gpus_needed)))
             if parallel_slots > 1:
                 progress(f"running {len(todo)} deployments on {parallel_slots} nodes at once")
                 with ThreadPoolExecutor(max_workers=parallel_slots) as pool:

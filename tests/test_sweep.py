@@ -238,3 +238,25 @@ def test_resume_after_the_harness_is_killed(tmp_path):
     assert tree_digest(first.parent) == before
     records = points_of(tmp_path / "results/k1")
     assert all(r.status == "ok" for r in records.values()) and len(records) == 3
+
+
+def test_deployments_run_at_once_on_a_multi_node_ray_cluster(tmp_path):
+    # two Ray nodes with one (declared) GPU each: one deployment per node, at the same time
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_gpus": 1, "num_cpus": 2, "object_store_memory": 100 * 1024**2})
+    try:
+        cluster.add_node(num_gpus=1, num_cpus=2, object_store_memory=100 * 1024**2)
+        sweep = write_sweep(tmp_path, {"arm-a": "reserve_gpus: 1\n", "arm-b": "reserve_gpus: 1\n"}, [(1, 2)])
+        done = subprocess.run(sweep_argv(sweep, "mn", "ray"), capture_output=True, text=True, timeout=300,
+                              cwd=ROOT, env=dict(os.environ, RAY_ADDRESS=cluster.address))
+    finally:
+        cluster.shutdown()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 deployments on 2 nodes at once" in done.stdout
+    records = points_of(tmp_path / "results/mn")
+    a, b = records[("arm-a", 1)], records[("arm-b", 1)]
+    assert a.started_unix_s < b.ended_unix_s and b.started_unix_s < a.ended_unix_s  # the windows overlap
+    nodes = {d["node"] for d in json.loads((tmp_path / "results/mn/manifest.json").read_text())["deployments"].values()}
+    assert len(nodes) == 2
