@@ -118,6 +118,11 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
         outcome.wall_s = time.monotonic() - started
         return outcome
 
+    # every vLLM build is made and checked before any server starts; commands run from the build
+    from harness.launch.build import prepare_builds
+    plan, builds = prepare_builds(plan, {d.name for d in todo}, options.dialect, progress)
+    todo = [d for d in plan.deployments if pending[d.name]]
+
     dataset = ensure_built(loaded.recipe, plan.dataset.conversations_needed)
     progress(f"dataset {display_path(dataset.path)}: {dataset.conversations} conversations"
              f"{' (cached)' if dataset.cached else ''}")
@@ -129,6 +134,8 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
         m.gpu_model = m.gpu_model or prov.gpu.get("model") or _declared_gpu(plan)
         m.workload["dataset_sha256"] = dataset.sha256
         m.workload["conversations_built"] = dataset.conversations
+        for name, env in builds.items():
+            m.deployments[name]["build"] = env.provenance()
         m.status = "running"
         m.ended_at = None
     state.update(begin)

