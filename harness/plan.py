@@ -70,7 +70,8 @@ def _sizing(loaded: LoadedSweep, deployment: str) -> Sizing | None:
     from harness.calc import sizing_for_launch, sizing_warnings
 
     profile = loaded.launch_for(deployment)
-    if profile.engine != "vllm":
+    # the calculator models GLM-5.3's sparse-MLA KV on GPUs; other models and CPU builds have no prediction
+    if profile.engine != "vllm" or "glm-5" not in profile.serve.model.lower() or profile.build.package != "vllm":
         return None
     seq_len = longest_context_tokens(loaded)
     result = sizing_for_launch(profile, seq_len)

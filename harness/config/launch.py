@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Annotated, Any, Literal
 
@@ -66,6 +67,12 @@ class ServeArgs(StrictModel):
                 if str(data.get(key, "")).lower() == bad:
                     raise ValueError(f"{key}: {why}")
         return data
+
+    @field_validator("model")
+    @classmethod
+    def _expand_home(cls, value: str) -> str:
+        # vLLM does not expand ~ itself; a hub id never starts with it
+        return os.path.expanduser(value) if value.startswith("~") else value
 
     @field_validator("kv_cache_dtype")
     @classmethod
