@@ -20,7 +20,15 @@ from harness import provenance
 from harness.config import LoadedSweep, display_path
 from harness.dataset import BuiltDataset, ensure_built
 from harness.errors import HarnessError
-from harness.launch.base import Launcher, ServerHandle, ServerSpec, ServerStartError, read_log_tail
+from harness.launch.base import (
+    Launcher,
+    ServerHandle,
+    ServerSpec,
+    ServerStartError,
+    read_log_tail,
+    stop_servers_on_signal,
+)
+from harness.launch.preflight import run_preflight
 from harness.loadgen import evalscope_argv, evalscope_program, run_evalscope, summary_dir
 from harness.metrics.derive import derive_point_metrics
 from harness.metrics.evalscope_summary import parse_summary
@@ -141,7 +149,6 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     state.update(begin)
 
     launcher = make_launcher(options)
-    from harness.launch.base import stop_servers_on_signal
     try:
         with stop_servers_on_signal(launcher):
             gpus_needed = max(_reserved_gpus(plan, d) for d in todo)
@@ -271,6 +278,15 @@ def _run_deployment(plan: Plan, dep: DeploymentPlan, points: list[PointPlan], da
     atomic_write_text(paths.command_txt(dep.name), dep.command.shell_line() + "\n")
     server = _Server(spec, launcher, state, progress)
     policy = plan.sweep.sweep.on_point_failure
+    preflight = run_preflight(dep.name, plan.sweep.launch_for(dep.name), spec.gpus, paths.root,
+                              paths.preflight_json(dep.name),
+                              server_on_this_host=options.launcher == "local" or launcher.nodes_for(0) == 1)
+    if not preflight.ok:
+        reason = "preflight: " + "; ".join(preflight.problems)
+        progress(f"{dep.name}: {reason}")
+        for point in points:
+            state.record_point(_failed(plan, point, reason, []))
+        return policy == "continue"
     try:
         for i, point in enumerate(points):
             restarted_before = server.starts

@@ -100,6 +100,7 @@ def test_local_sweep_runs_every_point_and_resume_skips_them(tmp_path):
         assert record.simulated
     assert (run_dir / "summary.csv").exists()
     assert (run_dir / "deployments/hs/command.txt").read_text().count("serve-sim") == 1
+    assert json.loads((run_dir / "deployments/hs/preflight.json").read_text())["problems"] == []
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "ok" and manifest["simulated"] is True
     assert manifest["provenance"]["evalscope_version"].startswith("1.14")
