@@ -198,7 +198,8 @@ def _wait_for(predicate, timeout_s: float) -> bool:
     return False
 
 
-def test_sigint_leaves_no_child_alive(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupt_leaves_no_child_alive(tmp_path, signum):
     sweep = write_sweep(tmp_path, {"hs": ""}, [(1, 4), (2, 4)])
     proc = subprocess.Popen(sweep_argv(sweep, "s1"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seen: set[int] = set()
@@ -210,7 +211,7 @@ def test_sigint_leaves_no_child_alive(tmp_path):
         time.sleep(1.0)
         seen.update(_descendants(proc.pid))
         assert len(seen) >= 2  # the server and EvalScope at least
-        os.kill(proc.pid, signal.SIGINT)
+        os.kill(proc.pid, signum)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
