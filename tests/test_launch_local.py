@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from procutil import accepts, running
 
 from harness.errors import HarnessError
 from harness.launch.base import (
@@ -40,21 +40,8 @@ def fake_spec(tmp_path: Path, *extra: str, name: str = "fake", timeout_s: float 
                       ready_probe_request=probe, pid_dir=tmp_path / "pids")
 
 
-def running(pid: int) -> bool:
-    """Independent of the code under test: a zombie is dead, a missing /proc entry is dead."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
-def accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def wait_for_file(path: Path, timeout_s: float = 20) -> dict:

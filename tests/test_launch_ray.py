@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from harness.launch.reaper import read_pidfiles  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
+from procutil import accepts, running  # noqa: E402
+
 FAKE = Path(__file__).parent / "fixtures" / "servers" / "fake_openai.py"
 
 
@@ -34,20 +35,8 @@ def fake_spec(tmp_path: Path, *extra: str, name: str = "fake", gpus: int = 1, ti
                       ready_timeout_s=timeout_s, gpus=gpus, served_model_name="served", pid_dir=tmp_path / "pids")
 
 
-def running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
 
 
-def accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def environ_of(pid: int) -> dict[str, str]:

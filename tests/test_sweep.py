@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from procutil import running
 
 from harness.records import PointRecord
 
@@ -181,12 +182,6 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _wait_for(predicate, timeout_s: float) -> bool:
@@ -199,7 +194,7 @@ def _wait_for(predicate, timeout_s: float) -> bool:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_interrupt_leaves_no_child_alive(tmp_path, signum):
+def test_interrupt_leaves_no_childrunning(tmp_path, signum):
     sweep = write_sweep(tmp_path, {"hs": ""}, [(1, 4), (2, 4)])
     proc = subprocess.Popen(sweep_argv(sweep, "s1"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     seen: set[int] = set()
@@ -217,8 +212,8 @@ def test_interrupt_leaves_no_child_alive(tmp_path, signum):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert _wait_for(lambda: not any(_alive(p) for p in seen), 30), \
-        f"still alive: {[p for p in seen if _alive(p)]}"
+    assert _wait_for(lambda: not any(running(p) for p in seen), 30), \
+        f"still alive: {[p for p in seen if running(p)]}"
 
 
 def test_resume_after_the_harness_is_killed(tmp_path):
