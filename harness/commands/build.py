@@ -22,7 +22,7 @@ def _progress(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.config import load_launch
-    from harness.launch.build import check_build, ensure_build, model_argv
+    from harness.launch.build import check_build, ensure_build, ensure_model
 
     loaded = load_launch(args.launch)
     profile = loaded.profile
@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     env = ensure_build(profile, args.cache_dir, progress=_progress)
     probe = check_build(profile, env, args.dialect)
-    model = model_argv([profile.serve.model], profile)[0]
+    model = ensure_model(profile)
     size = f"{env.size_bytes / 2**30:.1f} GiB" if env.size_bytes else "n/a"
     rows = [("build", env.spec), ("kind", env.kind), ("status", "built now" if env.created else "reused"),
             ("environment", str(env.env_dir or "-")), ("python", env.python or "(the vllm on PATH)"),

@@ -339,18 +339,15 @@ def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress
 
 # ---- wiring into a sweep ---------------------------------------------------------------------------
 
-def model_argv(argv: list[str], profile: LaunchProfile) -> list[str]:
-    """The server argv with a `~/...` model path expanded (vLLM takes the path as given) and the tiny
-    model generated where the profile names its stable path."""
+def ensure_model(profile: LaunchProfile) -> str:
+    """The model the server loads; the tiny CPU model is generated where the profile names its path.
+
+    (serve.model is already expanded: vLLM takes a path as given, so `~` is resolved at load.)"""
     from harness.launch.tiny_model import ensure_tiny_model, tiny_model_path
 
-    model = profile.serve.model
-    if not model.startswith("~"):
-        return list(argv)
-    expanded = str(Path(model).expanduser())
-    if Path(expanded) == tiny_model_path():
+    if Path(profile.serve.model) == tiny_model_path():
         ensure_tiny_model()
-    return [expanded if arg == model else arg for arg in argv]
+    return profile.serve.model
 
 
 def prepare_builds(plan, names: set[str], dialect: str | None, progress: Progress = print,
@@ -376,8 +373,8 @@ def prepare_builds(plan, names: set[str], dialect: str | None, progress: Progres
         check_build(profile, env, dialect)
         progress(f"{dep.name}: build {env.spec}: {env.describe()}, torch {env.torch_version}"
                  f"{' (reused)' if not env.created and env.kind != 'system' else ''}")
+        ensure_model(profile)
         command = server_command(loaded, dialect=dialect, python=env.python)
-        command = replace(command, argv=model_argv(command.argv, profile))
         builds[dep.name] = env
         deployments.append(replace(dep, command=command))
     return replace(plan, deployments=tuple(deployments)), builds
