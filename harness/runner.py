@@ -13,6 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -128,7 +129,8 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
 
     # every vLLM build is made and checked before any server starts; commands run from the build
     from harness.launch.build import prepare_builds
-    plan, builds = prepare_builds(plan, {d.name for d in todo}, options.dialect, progress)
+    plan, builds = prepare_builds(plan, {d.name for d in todo}, options.dialect, progress,
+                                  build_here=options.launcher == "local")
     todo = [d for d in plan.deployments if pending[d.name]]
 
     dataset = ensure_built(loaded.recipe, plan.dataset.conversations_needed)
@@ -220,10 +222,14 @@ def _open_manifest(paths: RunPaths, plan: Plan) -> Manifest:
 
 def _server_spec(plan: Plan, dep: DeploymentPlan, paths: RunPaths, options: SweepOptions) -> ServerSpec:
     profile = plan.sweep.launch_for(dep.name)
+    prepare = None
+    if profile.engine == "vllm" and options.launcher == "ray":  # the build is made on the server's node
+        from harness.launch.build import build_on_node
+        prepare = partial(build_on_node, profile, options.dialect)
     return ServerSpec(name=dep.name, argv=list(dep.command.argv), env=dict(dep.command.env), host=profile.host,
                       port=profile.port or 0, log_path=paths.server_log(dep.name),
                       ready_timeout_s=dep.ready_timeout_s, gpus=_reserved_gpus(plan, dep),
-                      served_model_name=dep.served_model_name, pid_dir=options.pid_dir)
+                      served_model_name=dep.served_model_name, pid_dir=options.pid_dir, prepare=prepare)
 
 
 def _reserved_gpus(plan: Plan, dep: DeploymentPlan) -> int:
@@ -258,6 +264,8 @@ class _Server:
         def note(m: Manifest) -> None:
             m.deployments[self.spec.name].update({"base_url": self.handle.base_url, "node": self.handle.node_id,
                                                   "server_version": version})
+            if self.handle.build_provenance:
+                m.deployments[self.spec.name]["build"] = self.handle.build_provenance
         self.state.update(note)
         return self.handle
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from harness.errors import HarnessError  # noqa: E402
-from harness.launch.base import ServerSpec, ServerStartError  # noqa: E402
+from harness.launch.base import PreparedServer, ServerSpec, ServerStartError  # noqa: E402
 from harness.launch.ray_launcher import RayLauncher  # noqa: E402
 from harness.launch.reaper import read_pidfiles  # noqa: E402
 
@@ -203,4 +204,37 @@ def test_missing_executable_in_actor_is_a_clear_error(launcher, tmp_path):
     with pytest.raises(ServerStartError) as err:
         launcher.start(spec)
     assert "cannot run" in err.value.reason and "no-such-server" in err.value.reason
+    wait_gpus_free()
+
+
+def _prepare_ok() -> PreparedServer:
+    # runs inside the actor, on the server's node: where a vLLM build would be made
+    return PreparedServer(python=sys.executable, provenance={"built_on": ray.get_runtime_context().get_node_id()})
+
+
+def _prepare_fails() -> PreparedServer:
+    raise HarnessError("build vllm==9.9.9: no such version")
+
+
+# the actor unpickles these by value: Ray workers need not import this test module
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def test_the_server_node_prepares_its_build_first(launcher, tmp_path):
+    spec = fake_spec(tmp_path)
+    # argv[0] is a placeholder only the node's preparation can replace with a real interpreter
+    spec = replace(spec, argv=["/nonexistent/venv/bin/python", *spec.argv[1:]], prepare=_prepare_ok)
+    handle = launcher.start(spec)
+    try:
+        assert handle.build_provenance == {"built_on": handle.node_id}
+        assert handle.healthy()
+    finally:
+        handle.stop(grace_s=2)
+    wait_gpus_free()
+
+
+def test_a_failed_node_preparation_is_a_start_error_and_frees_the_gpus(launcher, tmp_path):
+    with pytest.raises(ServerStartError, match="preparing the node failed: build vllm==9.9.9"):
+        launcher.start(replace(fake_spec(tmp_path), prepare=_prepare_fails))
+    assert not (tmp_path / "fake.log").exists() or "exiting" not in (tmp_path / "fake.log").read_text()
     wait_gpus_free()

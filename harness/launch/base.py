@@ -7,7 +7,7 @@ import signal
 import threading
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +16,14 @@ from harness.errors import HarnessError
 
 LOG_TAIL_LINES = 50
 DEFAULT_PID_DIR = Path("~/.cache/hisparse-harness/pids")
+
+
+@dataclass(frozen=True)
+class PreparedServer:
+    """What preparing a node produced: the interpreter to start the server with, and its provenance."""
+
+    python: str | None = None  # replaces argv[0] when set
+    provenance: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -31,6 +39,9 @@ class ServerSpec:
     served_model_name: str  # must be listed by /v1/models before the server counts as ready
     ready_probe_request: bool = True  # readiness also needs one real chat completion (max_tokens 1)
     pid_dir: Path | None = None  # where pidfiles live (None: DEFAULT_PID_DIR)
+    # Run on the node that will run the server, before it starts (Ray: inside the actor): makes
+    # the server's environment there. Must be picklable (a module-level function or a partial).
+    prepare: Callable[[], PreparedServer] | None = None
 
     def resolved_pid_dir(self) -> Path:
         return (self.pid_dir or DEFAULT_PID_DIR).expanduser()
@@ -133,6 +144,7 @@ class ServerHandle(ABC):
     node_id: str | None
     log_path: Path
     cuda_visible_devices: str | None
+    build_provenance: dict | None = None  # set where the server's node prepared its own build
 
     @property
     def base_url(self) -> str:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.config import BuildSpec, LaunchProfile
+from harness.launch.base import PreparedServer
 from harness.launch.build_check import BuildError, BuildProbe, check_build, probe_build
 
 __all__ = ["BuildEnv", "BuildError", "BuildProbe", "check_build", "ensure_build", "env_dir_for"]
@@ -350,12 +351,30 @@ def ensure_model(profile: LaunchProfile) -> str:
     return profile.serve.model
 
 
+def build_on_node(profile: LaunchProfile, dialect: str | None = None) -> PreparedServer:
+    """Make and check the profile's build where this runs (the server's node, under Ray)."""
+    env = ensure_build(profile)
+    check_build(profile, env, dialect)
+    ensure_model(profile)
+    return PreparedServer(python=env.python, provenance=env.provenance())
+
+
+def expected_python(profile: LaunchProfile) -> str | None:
+    """The interpreter a build will have, without building it: env paths are a pure function of
+    the spec, so the driver renders the same command the node will run."""
+    if profile.build.kind == "system":
+        return None
+    return str(_venv_python(env_dir_for(profile.build)))
+
+
 def prepare_builds(plan, names: set[str], dialect: str | None, progress: Progress = print,
-                   cache_dir: Path | None = None):
+                   cache_dir: Path | None = None, build_here: bool = True):
     """Build and check every vLLM deployment in `names`, before any server starts.
 
     Returns the plan with each such deployment's command rendered for its build's interpreter,
-    and the builds by deployment name (their provenance goes into the manifest).
+    and the builds by deployment name (their provenance goes into the manifest). With
+    build_here False (Ray), the builds are left to the nodes (`build_on_node`); the commands
+    are rendered for the interpreter those builds will have.
     """
     from dataclasses import replace
 
@@ -368,6 +387,10 @@ def prepare_builds(plan, names: set[str], dialect: str | None, progress: Progres
         profile = loaded.profile
         if dep.name not in names or profile.engine != "vllm":
             deployments.append(dep)
+            continue
+        if not build_here:
+            command = server_command(loaded, dialect=dialect, python=expected_python(profile))
+            deployments.append(replace(dep, command=command))
             continue
         env = ensure_build(profile, cache_dir, progress)
         check_build(profile, env, dialect)

@@ -20,7 +20,7 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import ray
@@ -33,6 +33,7 @@ from harness.launch.base import (
     LOG_TAIL_LINES,
     Launcher,
     LauncherClosed,
+    PreparedServer,
     ServerHandle,
     ServerSpec,
     ServerStartError,
@@ -75,6 +76,17 @@ class ServerActor:
         self._spec = spec
         self._owner = owner
         self._server: ServerProcess | None = None
+
+    def prepare(self) -> PreparedServer | StartFailure:
+        """The spec's preparation (the server's build), here on the server's node."""
+        try:
+            prepared = self._spec.prepare()
+        except HarnessError as exc:
+            return StartFailure(f"preparing the node failed: {str(exc).splitlines()[0]}",
+                                read_log_tail(self._spec.log_path))
+        if prepared.python and self._spec.argv and prepared.python != self._spec.argv[0]:
+            self._spec = replace(self._spec, argv=[prepared.python, *self._spec.argv[1:]])
+        return prepared
 
     def launch(self) -> ActorServerInfo | StartFailure:
         node_ip = ray.util.get_node_ip_address()
@@ -289,6 +301,22 @@ class RayLauncher(Launcher):
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
                                                                  placement_group_bundle_index=0),
         ).remote(spec, Owner.current())
+        prepared = PreparedServer()
+        if spec.prepare is not None:  # a build can take minutes: no timeout but Ctrl-C
+            try:
+                outcome = ray.get(actor.prepare.remote())
+            except RayError as exc:
+                outcome = StartFailure(f"the Ray actor failed while preparing the node ({type(exc).__name__})",
+                                       read_log_tail(spec.log_path))
+            except BaseException:
+                _kill_quietly(actor)
+                _remove_quietly(pg)
+                raise
+            if isinstance(outcome, StartFailure):
+                _kill_quietly(actor)
+                _remove_quietly(pg)
+                raise ServerStartError(spec.name, outcome.reason, spec.log_path, outcome.log_tail)
+            prepared = outcome
         try:
             info = ray.get(actor.launch.remote(), timeout=_ACTOR_START_TIMEOUT_S)
         except RayError as exc:
@@ -303,6 +331,7 @@ class RayLauncher(Launcher):
             _remove_quietly(pg)
             raise ServerStartError(spec.name, info.reason, spec.log_path, info.log_tail)
         handle = RayServerHandle(spec, actor, pg, info, self._driver_node_id, on_stopped=self._forget)
+        handle.build_provenance = prepared.provenance
         with self._lock:
             self._handles.append(handle)
             accepting = self.accepting
