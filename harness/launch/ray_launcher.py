@@ -237,6 +237,25 @@ def check_ray_address(address: str, timeout_s: float = 5) -> None:
                            f"start the cluster or unset RAY_ADDRESS to use a local Ray") from exc
 
 
+def _before_the_server(spec: ServerSpec, actor, pg, method, timeout_s: float | None, doing: str):
+    """Call an actor step that precedes a running server; on any failure release the actor and
+    its placement group, then raise ServerStartError (or re-raise an interrupt)."""
+    try:
+        outcome = ray.get(method.remote(), timeout=timeout_s)
+    except RayError as exc:
+        outcome = StartFailure(f"the Ray actor failed while {doing} ({type(exc).__name__})",
+                               read_log_tail(spec.log_path))
+    except BaseException:
+        _kill_quietly(actor)
+        _remove_quietly(pg)
+        raise
+    if isinstance(outcome, StartFailure):
+        _kill_quietly(actor)
+        _remove_quietly(pg)
+        raise ServerStartError(spec.name, outcome.reason, spec.log_path, outcome.log_tail)
+    return outcome
+
+
 class RayLauncher(Launcher):
     """Servers as Ray actors, one placement group each.
 
@@ -303,33 +322,8 @@ class RayLauncher(Launcher):
         ).remote(spec, Owner.current())
         prepared = PreparedServer()
         if spec.prepare is not None:  # a build can take minutes: no timeout but Ctrl-C
-            try:
-                outcome = ray.get(actor.prepare.remote())
-            except RayError as exc:
-                outcome = StartFailure(f"the Ray actor failed while preparing the node ({type(exc).__name__})",
-                                       read_log_tail(spec.log_path))
-            except BaseException:
-                _kill_quietly(actor)
-                _remove_quietly(pg)
-                raise
-            if isinstance(outcome, StartFailure):
-                _kill_quietly(actor)
-                _remove_quietly(pg)
-                raise ServerStartError(spec.name, outcome.reason, spec.log_path, outcome.log_tail)
-            prepared = outcome
-        try:
-            info = ray.get(actor.launch.remote(), timeout=_ACTOR_START_TIMEOUT_S)
-        except RayError as exc:
-            info = StartFailure(f"the Ray actor could not start the server ({type(exc).__name__})",
-                                read_log_tail(spec.log_path))
-        except BaseException:
-            _kill_quietly(actor)
-            _remove_quietly(pg)
-            raise
-        if isinstance(info, StartFailure):
-            _kill_quietly(actor)
-            _remove_quietly(pg)
-            raise ServerStartError(spec.name, info.reason, spec.log_path, info.log_tail)
+            prepared = _before_the_server(spec, actor, pg, actor.prepare, None, "preparing the node")
+        info = _before_the_server(spec, actor, pg, actor.launch, _ACTOR_START_TIMEOUT_S, "starting the server")
         handle = RayServerHandle(spec, actor, pg, info, self._driver_node_id, on_stopped=self._forget)
         handle.build_provenance = prepared.provenance
         with self._lock:
