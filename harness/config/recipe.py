@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
@@ -63,10 +62,6 @@ class TokenizerSpec(StrictModel):
             if looks_local and base is not None:
                 data = {**data, "name": str(resolve_path(name, info))}
         return data
-
-    @property
-    def is_local(self) -> bool:
-        return Path(self.name).exists()
 
 
 class DatasetRecipe(StrictModel):

@@ -85,9 +85,6 @@ class Tokenizer:
     def encode_bare(self, text: str) -> list[int]:
         return list(self.backend.encode(text, add_special_tokens=False).ids)
 
-    def encode_bare_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [list(e.ids) for e in self.backend.encode_batch(list(texts), add_special_tokens=False)]
-
     def decode(self, ids: Sequence[int]) -> str:
         # No clean-up of spaces: the text must re-encode as closely as possible.
         return self.backend.decode(list(ids), skip_special_tokens=False)

@@ -275,5 +275,3 @@ def stop_servers_on_signal(launcher: Launcher) -> Iterator[Launcher]:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-
-install_signal_handlers = stop_servers_on_signal
