@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,38 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness.errors import HarnessError
 from harness.records import PointRecord
-
-# Secrets never reach a file: flag values and env entries whose name says so are masked.
-_SECRET_NAME = re.compile(r"(api[_-]?key|token|secret|password|passwd|authorization)", re.IGNORECASE)
-REDACTED = "***"
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    """Mask the value after (or inside) any flag whose name looks like a secret."""
-    out: list[str] = []
-    mask_next = False
-    for arg in argv:
-        if mask_next:
-            out.append(REDACTED)
-            mask_next = False
-            continue
-        if arg.startswith("-") and is_secret_name(arg):
-            if "=" in arg:
-                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
-            else:
-                out.append(arg)
-                mask_next = True
-            continue
-        out.append(arg)
-    return out
-
-
-def redact_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

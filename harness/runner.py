@@ -30,12 +30,14 @@ from harness.launch.base import (
     stop_servers_on_signal,
 )
 from harness.launch.preflight import run_preflight
+from harness.launch.vllm import ServerCommand
 from harness.loadgen import evalscope_argv, evalscope_program, run_evalscope, summary_dir
 from harness.metrics.derive import derive_point_metrics
 from harness.metrics.evalscope_summary import parse_summary
 from harness.metrics.scrape import Scraper, read_scrapes
 from harness.plan import DeploymentPlan, Plan, PointPlan, load_point, make_plan
 from harness.records import EvalScopeSummary, PointRecord
+from harness.redact import redact_argv, redact_config
 from harness.results import (
     Manifest,
     RunPaths,
@@ -209,9 +211,9 @@ def _open_manifest(paths: RunPaths, plan: Plan) -> Manifest:
                   "subsequent_turn_length": recipe.subsequent_turn_length, "num_turns": recipe.num_turns,
                   "max_tokens": sweep.sweep.client.max_tokens,
                   "conversations_needed": plan.dataset.conversations_needed},
-        resolved_config={"sweep": sweep.sweep.model_dump(mode="json"),
-                         "launches": {name: ld.profile.model_dump(mode="json")
-                                      for name, ld in sweep.launches.items()}},
+        resolved_config=redact_config({"sweep": sweep.sweep.model_dump(mode="json"),
+                                       "launches": {name: ld.profile.model_dump(mode="json")
+                                                    for name, ld in sweep.launches.items()}}),
         deployments={d.name: {"launch": display_path(d.launch_path), "engine": d.engine,
                               "dialect": d.command.dialect, "restarts": 0} for d in plan.deployments},
         points={d.name: {p.point_id: "pending" for p in d.points} for d in plan.deployments},
@@ -242,10 +244,16 @@ def _reserved_gpus(plan: Plan, dep: DeploymentPlan) -> int:
 class _Server:
     """A deployment's server across restarts: start, check, restart, stop."""
 
-    def __init__(self, spec: ServerSpec, launcher: Launcher, state: _RunState, progress: Progress):
-        self.spec, self.launcher, self.state, self.progress = spec, launcher, state, progress
+    def __init__(self, spec: ServerSpec, command: ServerCommand, launcher: Launcher, state: _RunState,
+                 progress: Progress):
+        self.spec, self.command, self.launcher, self.state, self.progress = spec, command, launcher, state, progress
         self.handle: ServerHandle | None = None
         self.starts = 0
+        self._record_command(port=None)
+
+    def _record_command(self, port: int | None) -> None:
+        # re-runnable by hand: the port the launcher picked replaces the placeholder once known
+        atomic_write_text(self.state.paths.command_txt(self.spec.name), self.command.shell_line(port=port) + "\n")
 
     def ensure_up(self) -> ServerHandle:
         if self.handle is not None and self.handle.alive() and self.handle.healthy():
@@ -255,6 +263,7 @@ class _Server:
             self.stop()
         self.handle = self.launcher.start(self.spec)
         self.starts += 1
+        self._record_command(port=self.handle.port)
         if self.starts > 1:
             def bump(m: Manifest) -> None:
                 m.deployments[self.spec.name]["restarts"] = m.deployments[self.spec.name].get("restarts", 0) + 1
@@ -283,8 +292,7 @@ def _run_deployment(plan: Plan, dep: DeploymentPlan, points: list[PointPlan], da
     """Run the pending points of one deployment; False when the failure policy says stop."""
     paths = state.paths
     spec = _server_spec(plan, dep, paths, options)
-    atomic_write_text(paths.command_txt(dep.name), dep.command.shell_line() + "\n")
-    server = _Server(spec, launcher, state, progress)
+    server = _Server(spec, dep.command, launcher, state, progress)
     policy = plan.sweep.sweep.on_point_failure
     preflight = run_preflight(dep.name, plan.sweep.launch_for(dep.name), spec.gpus, paths.root,
                               paths.preflight_json(dep.name),
@@ -358,7 +366,7 @@ def _run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: Server
         deployment=dep.name, parallel=point.parallel, number=point.number, dataset_offset=point.dataset_offset,
         status="ok", attempt=attempt, started_at=started_iso, ended_at=provenance.utc_now_iso(),
         started_unix_s=started_unix, ended_unix_s=ended_unix, evalscope_wall_s=round(run.wall_s, 3),
-        evalscope_command=argv, evalscope_output_dir=display_path(outputs_dir), simulated=plan.simulated,
+        evalscope_command=redact_argv(argv), evalscope_output_dir=display_path(outputs_dir), simulated=plan.simulated,
         gpus_per_server=sweep.gpus_per_server)
     summary, reason = _summary_or_reason(run, load, handle)
     record.summary = summary

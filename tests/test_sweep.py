@@ -257,3 +257,23 @@ def test_deployments_run_at_once_on_a_multi_node_ray_cluster(tmp_path):
     assert a.started_unix_s < b.ended_unix_s and b.started_unix_s < a.ended_unix_s  # the windows overlap
     nodes = {d["node"] for d in json.loads((tmp_path / "results/mn/manifest.json").read_text())["deployments"].values()}
     assert len(nodes) == 2
+
+
+def test_secrets_never_reach_the_run_folder(tmp_path):
+    sweep = write_sweep(tmp_path, {"hs": "env: {HF_TOKEN: hf-SECRET-ONE}\n"}, [(1, 1)])
+    text = sweep.read_text().replace("  timeout_s: 300\n",
+                                     "  timeout_s: 300\n  evalscope_args: [--api-key, sk-SECRET-TWO]\n")
+    sweep.write_text(text)
+    done = run_sweep(sweep, "sec")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = tmp_path / "results/sec"
+    record = points_of(run_dir)[("hs", 1)]
+    assert record.evalscope_command[record.evalscope_command.index("--api-key") + 1] == "***"
+    command = (run_dir / "deployments/hs/command.txt").read_text()
+    assert "HF_TOKEN='***'" in command and "{port}" not in command  # the real port, re-runnable
+    leaks = [str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()
+             and (b"SECRET-ONE" in p.read_bytes() or b"SECRET-TWO" in p.read_bytes())]
+    assert leaks == []
+    plan = subprocess.run([sys.executable, "-m", "harness", "plan", str(sweep), "--json"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+    assert "SECRET" not in plan

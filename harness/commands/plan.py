@@ -8,6 +8,7 @@ import shlex
 
 from harness.config import display_path, load_sweep
 from harness.plan import Plan, make_plan, planned_evalscope_argv
+from harness.redact import redact_argv, redact_env
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -38,14 +39,15 @@ def plan_as_dict(plan: Plan) -> dict:
             "launch": display_path(dep.launch_path),
             "engine": dep.engine,
             "dialect": dep.command.dialect,
-            "server_argv": dep.command.argv,
-            "server_env": dep.command.env,
+            "server_argv": redact_argv(dep.command.argv),
+            "server_env": redact_env(dep.command.env),
             "server_command": dep.command.shell_line(),
             "sizing": None if dep.sizing is None else {
                 "seq_len": dep.sizing.seq_len, "predicted_concurrency": dep.sizing.predicted_concurrency,
                 "baseline_concurrency": dep.sizing.baseline_concurrency, "layout": dep.sizing.layout},
             "points": [{"parallel": p.parallel, "number": p.number, "dataset_offset": p.dataset_offset,
-                        "evalscope_argv": planned_evalscope_argv(plan, dep, p)} for p in dep.points],
+                        "evalscope_argv": redact_argv(planned_evalscope_argv(plan, dep, p))}
+                       for p in dep.points],
         } for dep in plan.deployments],
         "warnings": list(plan.warnings),
     }
@@ -68,7 +70,7 @@ def plan_as_text(plan: Plan) -> str:
                          f"{dep.sizing.seq_len:,} tokens (plain GPU-resident KV: "
                          f"{dep.sizing.baseline_concurrency}; calculator, {dep.sizing.layout} layout)")
         for p in dep.points:
-            argv = planned_evalscope_argv(plan, dep, p)
+            argv = redact_argv(planned_evalscope_argv(plan, dep, p))
             lines.append(f"  c{p.parallel} (number {p.number}, offset {p.dataset_offset}): {shlex.join(argv)}")
         lines.append("")
     if plan.warnings:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from harness.launch.base import ServerSpec, ServerStartError, Teardown, read_log_tail
-from harness.results import redact_argv
+from harness.redact import redact_argv
 
 _PROC = Path("/proc")
 _POLL_S = 0.25

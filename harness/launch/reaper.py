@@ -17,7 +17,8 @@ from pathlib import Path
 
 from harness.launch.base import DEFAULT_PID_DIR, ServerSpec, Teardown
 from harness.launch.process import ServerProcess, is_running, proc_info, process_tree, terminate_tree
-from harness.results import atomic_write_json, redact_argv
+from harness.redact import redact_argv
+from harness.results import atomic_write_json
 
 _ARGV_HEAD = 6
 

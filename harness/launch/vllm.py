@@ -26,6 +26,7 @@ from harness.config import (
     LoadedLaunch,
     ServeArgs,
 )
+from harness.redact import redact_argv, redact_env
 
 ResolvedDialect = Literal["blog-branch", "release"]
 PORT_PLACEHOLDER = "{port}"
@@ -47,9 +48,9 @@ class ServerCommand:
     notes: tuple[str, ...] = ()  # warnings about the rendering, e.g. a dialect forced against the build
 
     def shell_line(self, port: int | None = None, host: str | None = None) -> str:
-        """One line a person can paste into a shell (placeholders filled where known)."""
-        argv = fill_placeholders(self.argv, host=host, port=port)
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        """One line a person can paste into a shell (placeholders filled where known), secrets masked."""
+        argv = redact_argv(fill_placeholders(self.argv, host=host, port=port))
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(self.env).items()))
         return (env + " " if env else "") + shlex.join(argv)
 
 

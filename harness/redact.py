@@ -1,0 +1,52 @@
+"""Secrets never reach a file: values of flags, env entries and `NAME=value` pairs whose name
+says they are secret (API keys, tokens, passwords) are masked before anything is written."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_SECRET_NAME = re.compile(r"(api[_-]?key|token|secret|password|passwd|authorization)", re.IGNORECASE)
+REDACTED = "***"
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """Mask the value after (or inside) a secret flag, and secret `NAME=value` arguments
+    (e.g. EvalScope's `--headers Authorization=...`)."""
+    out: list[str] = []
+    mask_next = False
+    for arg in argv:
+        if mask_next:
+            out.append(REDACTED)
+            mask_next = False
+        elif arg.startswith("-") and is_secret_name(arg.split("=", 1)[0]):
+            if "=" in arg:
+                out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+            else:
+                out.append(arg)
+                mask_next = True
+        elif "=" in arg and is_secret_name(arg.split("=", 1)[0]):
+            out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+        else:
+            out.append(arg)
+    return out
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
+
+
+def redact_config(obj: Any) -> Any:
+    """A dumped config with secret-named mapping entries masked and argv-like lists redacted."""
+    if isinstance(obj, dict):
+        return {k: (REDACTED if isinstance(k, str) and is_secret_name(k) and isinstance(v, str)
+                    else redact_config(v)) for k, v in obj.items()}
+    if isinstance(obj, list) and all(isinstance(x, str) for x in obj):
+        return redact_argv(obj)
+    if isinstance(obj, list):
+        return [redact_config(x) for x in obj]
+    return obj
