@@ -277,3 +277,19 @@ def test_secrets_never_reach_the_run_folder(tmp_path):
     plan = subprocess.run([sys.executable, "-m", "harness", "plan", str(sweep), "--json"], cwd=ROOT,
                           capture_output=True, text=True, check=True).stdout
     assert "SECRET" not in plan
+
+
+def test_a_failed_point_is_retried_on_a_restarted_server(tmp_path):
+    # the server dies during c2 (request 9); with one retry allowed, c2 runs again on a fresh server and
+    # ends ok, while the failed attempt's EvalScope folder stays beside it
+    sweep = write_sweep(tmp_path, {"flaky": "sim: {faults: {exit_after_requests: 9}}\n"}, [(1, 2), (2, 3)])
+    sweep.write_text(sweep.read_text().replace("on_point_failure: continue",
+                                               "on_point_failure: continue\nmax_point_retries: 1"))
+    done = run_sweep(sweep, "rt")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "retrying (1 of 1)" in done.stdout
+    record = points_of(tmp_path / "results/rt")[("flaky", 2)]
+    assert record.status == "ok" and record.attempt == 2 and record.server_restarted
+    attempts = sorted(p.name for p in (tmp_path / "results/rt/points/flaky/p2/evalscope").iterdir())
+    assert attempts == ["attempt-1", "attempt-2"]
+    assert (tmp_path / "results/rt/points/flaky/p2/scrapes.attempt-1.jsonl").exists()
