@@ -6,7 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_SECRET_NAME = re.compile(r"(api[_-]?key|token|secret|password|passwd|authorization)", re.IGNORECASE)
+# "token" only as a whole word part (HF_TOKEN, --auth-token): --max-tokens, --tokenizer-path and
+# --max-num-batched-tokens are settings, not secrets
+_SECRET_NAME = re.compile(r"(api[_-]?key|secret|passw(or)?d|authorization|(^|[^a-z])token($|[^a-z]))",
+                          re.IGNORECASE)
 REDACTED = "***"
 
 
