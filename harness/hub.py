@@ -277,14 +277,7 @@ def _cached_or_unreachable(ref: HubRef, where: Path, exc: BaseException, from_ca
 def _resolve_hf(ref: HubRef, cache: Path | None, offline: bool, patterns: list[str] | None,
                 lines: LineProgress | None) -> ResolvedRef:
     import httpx
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        IncompleteSnapshotError,
-        LocalEntryNotFoundError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub import errors, snapshot_download
 
     where = cache or library_cache_dir(ref.hub)
     kwargs: dict[str, Any] = {"repo_type": ref.repo_type, "revision": ref.revision, "cache_dir": cache,
@@ -298,19 +291,20 @@ def _resolve_hf(ref: HubRef, cache: Path | None, offline: bool, patterns: list[s
             if offline:
                 raise
             path = _cached_or_unreachable(ref, where, exc, lambda: snapshot_download(
-                ref.repo_id, **{**kwargs, "local_files_only": True}), (LocalEntryNotFoundError,))
-    except IncompleteSnapshotError as exc:
-        raise HubError(f"{ref.label}: the cached snapshot in {where} misses files and the hub cannot be used "
-                       f"({str(exc).split(':', 1)[-1].split('.')[0].strip()})") from None
-    except LocalEntryNotFoundError as exc:
+                ref.repo_id, **{**kwargs, "local_files_only": True}), (errors.LocalEntryNotFoundError,))
+    except errors.IncompleteSnapshotError as exc:
+        missing = re.search(r"\d+ file\(s\) are missing \(.*?\)(?=\. )", str(exc))
+        raise HubError(f"{ref.label}: the cached snapshot in {where} is incomplete and the hub cannot be used "
+                       f"({missing.group(0) if missing else _first_line(exc)})") from None
+    except errors.LocalEntryNotFoundError as exc:
         cause = exc.__cause__
-        if offline or isinstance(cause, OfflineModeIsEnabled):
+        if offline or isinstance(cause, errors.OfflineModeIsEnabled):
             raise HubError(f"{ref.label}: not in the local cache ({where}) and offline "
-                           f"({_offline_why(ref, isinstance(cause, OfflineModeIsEnabled))})") from None
+                           f"({_offline_why(ref, isinstance(cause, errors.OfflineModeIsEnabled))})") from None
         raise _unreachable(ref, where, cause or exc) from None
-    except RevisionNotFoundError:
+    except errors.RevisionNotFoundError:
         raise HubError(f"{ref.label}: the hub has no such revision") from None
-    except RepositoryNotFoundError:
+    except errors.RepositoryNotFoundError:
         raise HubError(f"{ref.label}: no such repository on the hub, or it is private or gated "
                        "(set HF_TOKEN for one you may read)") from None
     except (httpx.HTTPError, OSError, ValueError) as exc:

@@ -273,7 +273,8 @@ def test_incomplete_hf_snapshot_is_refused(tmp_path):
     (repo / "snapshots" / COMMIT / "model.safetensors").unlink()
     with pytest.raises(HubError) as excinfo:
         resolve("hf://org/tiny", cache_dir=tmp_path, offline=True)
-    one_line_error(excinfo, "huggingface: org/tiny@default branch: the cached snapshot", "misses files")
+    one_line_error(excinfo, "huggingface: org/tiny@default branch: the cached snapshot", "is incomplete",
+                   "(1 file(s) are missing (model.safetensors))")
 
 
 def test_old_modelscope_layout_is_read_and_its_revision_checked(tmp_path):
