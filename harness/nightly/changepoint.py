@@ -1,0 +1,207 @@
+"""Change points over the whole history: steps and slow drifts that no night-to-night diff shows.
+
+Method (docs/nightly.md explains why this and not an off-the-shelf E-divisive): binary segmentation
+with two alternatives to "the segment has one level":
+- step: the level changes at night k (two means);
+- drift: the level is flat until night k-1, then moves by the same amount every night (a hinge).
+Both are fitted by least squares at every k; the test statistic is the best share of the variance
+explained, max over k and both shapes. Its significance is a permutation test: shuffling the nights
+destroys any step or drift, so the share reached by chance is read off the shuffled series (seeded,
+so the answer is the same every time). A significant change that also moves the level by at least
+`min_relative_change` is kept, with the night it starts and a range of nights that fit nearly as
+well; then the flat part(s) are searched again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from harness.nightly.record import NightRecord
+from harness.nightly.thresholds import METRIC_BETTER
+
+Kind = Literal["step", "drift"]
+# n * log(RSS_k / RSS_best) below this: night k fits nearly as well (the 95% point of chi-square, 1 dof)
+_LOCATION_SLACK = 3.84
+
+
+@dataclass(frozen=True)
+class DetectorSettings:
+    alpha: float = 0.005  # largest permutation p-value that counts as a change in a single series
+    false_discovery_rate: float = 0.05  # over the many series of a history (Benjamini-Hochberg)
+    permutations: int = 1999
+    min_relative_change: float = 0.03  # smaller moves of the level are not reported, however certain
+    min_segment: int = 3  # nights on each side of a change (a one-night blip is the gate's business)
+    max_nights: int = 120  # the most recent nights searched (bounds the cost; a year is ~1 s per series)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SeriesChange:
+    index: int  # position of the first changed value
+    kind: Kind
+    before: float  # the level before
+    after: float  # step: the level after; drift: the fitted value at the end of the segment
+    relative_change: float  # (after - before) / |before|
+    p_value: float
+    earliest: int  # positions that fit nearly as well as `index`
+    latest: int
+    slope: float | None = None  # drift: change per night
+
+
+def _fits(y: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Residual sums of squares for every row of y (runs x nights): constant, step at k, drift from k."""
+    n = y.shape[1]
+    centred = y - y.mean(axis=1, keepdims=True)
+    rss0 = (centred**2).sum(axis=1)
+    ks = np.arange(m, n - m + 1)  # k values on both sides; k = first position of the new level
+    left = np.cumsum(centred, axis=1)[:, ks - 1]
+    rss_step = rss0[:, None] - left**2 / ks - left**2 / (n - ks)  # the centred total is 0
+    hinge = np.maximum(0, np.arange(n)[None, :] - ks[:, None] + 1).astype(float)  # 0 up to k-1, then 1, 2..
+    hinge -= hinge.mean(axis=1, keepdims=True)
+    rss_drift = rss0[:, None] - (centred @ hinge.T) ** 2 / (hinge**2).sum(axis=1)
+    return rss0, ks, rss_step, rss_drift
+
+
+def _best(y: np.ndarray, settings: DetectorSettings) -> SeriesChange | None:
+    n = len(y)
+    rss0, ks, rss_step, rss_drift = _fits(y[None, :], settings.min_segment)
+    if rss0[0] <= 1e-12 * max(1.0, float(np.mean(y**2))) * n:
+        return None  # a constant series has no change
+    kind: Kind = "step" if rss_step.min() <= rss_drift.min() else "drift"
+    rss = (rss_step if kind == "step" else rss_drift)[0]
+    at = int(np.argmin(rss))
+    k = int(ks[at])
+    statistic = 1.0 - rss[at] / rss0[0]
+    rng = np.random.default_rng(settings.seed)
+    shuffled = rng.permuted(np.tile(y, (settings.permutations, 1)), axis=1)
+    r0, _, rs, rd = _fits(shuffled, settings.min_segment)
+    null = 1.0 - np.minimum(rs.min(axis=1), rd.min(axis=1)) / np.maximum(r0, 1e-300)
+    p_value = float((1 + np.sum(null >= statistic - 1e-12)) / (settings.permutations + 1))
+    near = ks[n * np.log(np.maximum(rss, 1e-300) / max(rss[at], 1e-300)) <= _LOCATION_SLACK]
+    before, slope = float(np.mean(y[:k])), None
+    if kind == "step":
+        after = float(np.mean(y[k:]))
+    else:
+        x = np.maximum(0, np.arange(n) - k + 1).astype(float)
+        slope, intercept = np.polyfit(x, y, 1)
+        before, after = float(intercept), float(intercept + slope * x[-1])
+        slope = float(slope)
+    if before:
+        relative = (after - before) / abs(before)
+    else:
+        relative = 0.0 if after == before else float(np.copysign(np.inf, after - before))
+    return SeriesChange(k, kind, before, after, relative, p_value, int(near.min()), int(near.max()),
+                        slope)
+
+
+def detect_changes(values: Sequence[float], settings: DetectorSettings | None = None) -> list[SeriesChange]:
+    """Every significant step or drift in `values` (in night order), earliest first."""
+    settings = settings or DetectorSettings()
+    y_all = np.asarray(values, dtype=float)
+    offset = max(0, len(y_all) - settings.max_nights)
+    y_all = y_all[offset:]
+    found: list[SeriesChange] = []
+    todo = [(0, len(y_all))]
+    while todo:
+        start, end = todo.pop()
+        if end - start < 2 * settings.min_segment:
+            continue
+        change = _best(y_all[start:end], settings)
+        if change is None or change.p_value > settings.alpha \
+                or abs(change.relative_change) < settings.min_relative_change:
+            continue
+        shift = start + offset
+        found.append(SeriesChange(change.index + shift, change.kind, change.before, change.after,
+                                  change.relative_change, change.p_value, change.earliest + shift,
+                                  change.latest + shift, change.slope))
+        todo.append((start, start + change.index))
+        if change.kind == "step":  # after a drift the rest is the drift itself
+            todo.append((start + change.index, end))
+    return sorted(found, key=lambda c: c.index)
+
+
+@dataclass(frozen=True)
+class ChangePoint:
+    """A change in one metric of one point, located at the night it starts."""
+
+    deployment: str
+    parallel: int
+    metric: str
+    night_id: str  # the first night of the change
+    earliest_night: str  # nights that fit nearly as well
+    latest_night: str
+    kind: Kind
+    before: float
+    after: float
+    relative_change: float
+    p_value: float
+    worse: bool | None  # None: the metric has no better direction
+
+    @property
+    def text(self) -> str:
+        where = self.night_id if self.earliest_night == self.latest_night else \
+            f"{self.night_id} (between {self.earliest_night} and {self.latest_night})"
+        verdict = "" if self.worse is None else (", worse" if self.worse else ", better")
+        return (f"{self.deployment} c{self.parallel} {self.metric}: {self.kind} from {where}, "
+                f"{self.before:,.4g} -> {self.after:,.4g} ({self.relative_change:+.1%}{verdict}, "
+                f"p={self.p_value:.3f})")
+
+
+def _trimmed(values: Sequence[float], settings: DetectorSettings) -> np.ndarray:
+    return np.asarray(values, dtype=float)[-settings.max_nights:]
+
+
+def _first_p_value(values: Sequence[float], settings: DetectorSettings) -> float:
+    """p-value of the best single change of a whole series (1.0 when too short or constant)."""
+    y = _trimmed(values, settings)
+    if len(y) < 2 * settings.min_segment:
+        return 1.0
+    change = _best(y, settings)
+    return 1.0 if change is None else change.p_value
+
+
+def _benjamini_hochberg(p_values: Sequence[float], rate: float) -> float:
+    """The largest p-value that still counts when `rate` of the changes reported may be false."""
+    ranked = sorted(p_values)
+    passing = [p for i, p in enumerate(ranked, start=1) if p <= rate * i / len(ranked)]
+    return max(passing, default=0.0)
+
+
+def history_change_points(nights: Sequence[NightRecord], metrics: Sequence[str] = tuple(METRIC_BETTER),
+                          settings: DetectorSettings | None = None) -> list[ChangePoint]:
+    """Change points of every (deployment, concurrency, metric), each over the nights comparable with
+    one another (same sweep, GPUs and engine): a change of hardware is not a change point.
+
+    A history has dozens of series, so a per-series 0.5% would still flag a clean history now and
+    then; the threshold is instead the Benjamini-Hochberg one over every series of the history.
+    """
+    settings = settings or DetectorSettings()
+    ordered = sorted(nights, key=lambda n: n.order)
+    groups: dict[object, list[NightRecord]] = {}
+    for night in ordered:
+        groups.setdefault(night.key, []).append(night)
+    series: list[tuple[str, int, str, list[str], list[float]]] = []
+    for group in groups.values():
+        for dep, parallel in sorted({p for n in group for p in n.points()}):
+            for metric in metrics:
+                pairs = [(n.night_id, v) for n in group if (v := n.value(dep, parallel, metric)) is not None]
+                series.append((dep, parallel, metric, [i for i, _ in pairs], [v for _, v in pairs]))
+    if not series:
+        return []
+    threshold = _benjamini_hochberg([_first_p_value(values, settings) for *_, values in series],
+                                    settings.false_discovery_rate)
+    strict = replace(settings, alpha=min(settings.alpha, threshold))
+    out: list[ChangePoint] = []
+    for dep, parallel, metric, ids, values in series:
+        if threshold <= 0:
+            break
+        for c in detect_changes(values, strict):
+            better = METRIC_BETTER.get(metric)
+            worse = None if better is None else (c.after < c.before if better == "higher" else c.after > c.before)
+            out.append(ChangePoint(dep, parallel, metric, ids[c.index], ids[c.earliest], ids[c.latest], c.kind,
+                                   c.before, c.after, c.relative_change, c.p_value, worse))
+    return out

@@ -1,0 +1,125 @@
+"""A run folder -> a night record: summary.csv for the rows, manifest.json for the rest.
+
+All manifest reading is in `_manifest_facts`, so a change of the manifest's shape is a few lines
+here. Every field may be absent (an old run, a simulated one, a run that stopped early): absent
+reads as None, never as an error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.errors import HarnessError
+from harness.nightly.record import (
+    DeploymentFacts,
+    GpuFacts,
+    NightProvenance,
+    NightRecord,
+    NightRow,
+    validation_message,
+)
+from harness.results import read_manifest
+
+
+@dataclass(frozen=True)
+class _ManifestFacts:
+    night_id: str
+    started_at: str | None
+    sweep_name: str
+    sweep_sha256: str | None
+    simulated: bool
+    gpu: GpuFacts
+    gpus_per_server: int | None
+    provenance: NightProvenance
+    deployments: dict[str, DeploymentFacts]
+
+
+def _manifest_facts(m: dict[str, Any]) -> _ManifestFacts:
+    """The manifest as plain JSON data (typed or not, it dumps to the same keys)."""
+    prov = m.get("provenance") or {}
+    gpu = prov.get("gpu") or {}
+    launches = (m.get("resolved_config") or {}).get("launches") or {}
+    deployments = {}
+    for name, dep in (m.get("deployments") or {}).items():
+        build = dep.get("build") or {}
+        kernel = build.get("kernel") or {}
+        evidence = dep.get("evidence") or {}
+        requested = evidence.get("hisparse_requested")
+        if requested is None and launches.get(name):
+            requested = (launches[name].get("kv") or {}).get("hisparse") is not None
+        deployments[name] = DeploymentFacts(
+            vllm_version=build.get("vllm_version") or (dep.get("server_version") or {}).get("version"),
+            vllm_commit=build.get("vllm_commit"), kernel_hash=kernel.get("source_sha256"),
+            hisparse_requested=requested, hisparse_active=evidence.get("hisparse_active"))
+    return _ManifestFacts(
+        night_id=m["run_id"], started_at=m.get("started_at"), sweep_name=m["sweep_name"],
+        sweep_sha256=(prov.get("config_files") or {}).get(m.get("sweep_path")),
+        simulated=bool(m.get("simulated")),
+        gpu=GpuFacts(model=m.get("gpu_model") or gpu.get("model"), count=gpu.get("count") or None,
+                     driver=gpu.get("driver")),
+        gpus_per_server=m.get("gpus_per_server"),
+        provenance=NightProvenance(harness_commit=prov.get("harness_commit"),
+                                   evalscope_version=prov.get("evalscope_version")),
+        deployments=deployments)
+
+
+def _clean(value: Any) -> Any:
+    """pandas' missing values (NaN, NA) as None; numpy scalars as Python ones."""
+    if value is None:
+        return None
+    try:
+        import pandas as pd
+
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    if hasattr(value, "item"):
+        value = value.item()
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+# metric families that only a server with HiSparse on exposes
+_HISPARSE_EVIDENCE = ("hisparse_hit_rate", "hisparse_h2d_bytes_per_s")
+
+
+def _with_metric_evidence(facts: DeploymentFacts, rows: list[Any]) -> DeploymentFacts:
+    """HiSparse seen in the scraped metrics counts as active when the manifest holds no evidence.
+
+    Not seeing the metrics proves nothing (their names drift between vLLM commits), so that stays None.
+    """
+    if facts.hisparse_active is not None:
+        return facts
+    seen = any(getattr(r, name) is not None for r in rows for name in _HISPARSE_EVIDENCE)
+    return facts.model_copy(update={"hisparse_active": True}) if seen else facts
+
+
+def night_from_run(run_dir: Path, report_path: str | None = None,
+                   figure_paths: tuple[str, ...] = ()) -> NightRecord:
+    """The night record of one run folder (a finished or stopped nightly sweep)."""
+    from harness.summary import load_runs
+
+    run_dir = Path(run_dir)
+    facts = _manifest_facts(read_manifest(run_dir).model_dump(mode="json"))
+    frame = load_runs([run_dir])
+    try:
+        rows = [NightRow(**{k: _clean(v) for k, v in rec.items()}) for rec in frame.to_dict("records")]
+    except ValueError as exc:
+        raise HarnessError(f"{run_dir}/summary.csv: a row does not fit the columns: "
+                           f"{validation_message(exc)}") from None
+    deployments = dict(facts.deployments)
+    for name in {str(r.deployment) for r in rows} - set(deployments):
+        deployments[name] = DeploymentFacts()
+    deployments = {name: _with_metric_evidence(f, [r for r in rows if r.deployment == name])
+                   for name, f in sorted(deployments.items())}
+    try:
+        return NightRecord(
+            night_id=facts.night_id, started_at=facts.started_at, sweep_name=facts.sweep_name,
+            sweep_sha256=facts.sweep_sha256, simulated=facts.simulated, gpu=facts.gpu,
+            gpus_per_server=facts.gpus_per_server, provenance=facts.provenance, deployments=deployments,
+            rows=rows, report_path=report_path, figure_paths=list(figure_paths))
+    except ValueError as exc:
+        raise HarnessError(f"{run_dir}: cannot make a night record: {validation_message(exc)}") from None

@@ -1,0 +1,151 @@
+"""The night record: what one nightly run measured and what it ran on, as stored in the history.
+
+One JSON file per night. The rows are the summary.csv columns (harness/summary.py COLUMNS, a
+stable contract), typed; everything else is the provenance that explains a change between nights.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+from harness.summary import COLUMNS
+
+NIGHT_FORMAT = "harness-night"
+NIGHT_SCHEMA_VERSION = 1
+_NIGHT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")
+
+_TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
+
+# One optional field per summary.csv column, so the record follows the contract without a copy of it;
+# extra="ignore": a newer harness may add columns, an older reader keeps what it knows.
+NightRow = create_model(  # type: ignore[call-overload]
+    "NightRow",
+    __config__=ConfigDict(extra="ignore", frozen=True),
+    **{c.name: (_TYPES[c.kind] | None, None) for c in COLUMNS},
+)
+
+
+class GpuFacts(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    model: str | None = None
+    count: int | None = None  # GPUs nvidia-smi saw on the node; None where there is none (simulated)
+    driver: str | None = None
+
+
+class NightProvenance(BaseModel):
+    """Night-wide versions: when one changes between nights it is a likely cause of a change."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    harness_commit: str | None = None
+    evalscope_version: str | None = None
+
+
+class DeploymentFacts(BaseModel):
+    """Per deployment: the server build, and the evidence that HiSparse was on when it was asked for."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    vllm_version: str | None = None
+    vllm_commit: str | None = None
+    kernel_hash: str | None = None  # the HiSparse kernel module the build installed, when one did
+    hisparse_requested: bool | None = None
+    hisparse_active: bool | None = None  # None: no evidence either way
+
+
+# the provenance fields compared between nights, in the order a report names them
+NIGHT_FIELDS = ("harness_commit", "evalscope_version")
+DEPLOYMENT_FIELDS = ("vllm_commit", "vllm_version", "kernel_hash")
+
+
+class ComparisonKey(BaseModel):
+    """Nights are compared only when all of this is equal."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sweep_sha256: str | None
+    gpu_model: str | None
+    gpu_count: int | None
+    simulated: bool
+
+    def same_hardware(self, other: ComparisonKey) -> bool:
+        return (self.gpu_model, self.gpu_count, self.simulated) == (other.gpu_model, other.gpu_count,
+                                                                    other.simulated)
+
+    def differences(self, other: ComparisonKey) -> list[str]:
+        """What differs, as 'name: this vs other'."""
+        names = ("sweep_sha256", "gpu_model", "gpu_count", "simulated")
+        return [f"{n} {getattr(self, n)!r} vs {getattr(other, n)!r}" for n in names
+                if getattr(self, n) != getattr(other, n)]
+
+
+class NightRecord(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    format: Literal["harness-night"] = NIGHT_FORMAT
+    schema_version: int = NIGHT_SCHEMA_VERSION
+    night_id: str
+    started_at: str | None = None  # ISO 8601 UTC, from the run's manifest
+    sweep_name: str
+    sweep_sha256: str | None = None
+    simulated: bool = False
+    gpu: GpuFacts = Field(default_factory=GpuFacts)
+    gpus_per_server: int | None = None
+    provenance: NightProvenance = Field(default_factory=NightProvenance)
+    deployments: dict[str, DeploymentFacts] = Field(default_factory=dict)
+    rows: list[NightRow] = Field(default_factory=list)  # type: ignore[valid-type]
+    # links relative to the store root (the dashboard copies what they name next to its pages)
+    report_path: str | None = None
+    figure_paths: list[str] = Field(default_factory=list)
+
+    @field_validator("night_id")
+    @classmethod
+    def _safe_id(cls, value: str) -> str:
+        if not _NIGHT_ID.match(value):
+            raise ValueError(f"night id {value!r}: use letters, digits and . _ + - (it names a file)")
+        return value
+
+    @property
+    def key(self) -> ComparisonKey:
+        return ComparisonKey(sweep_sha256=self.sweep_sha256, gpu_model=self.gpu.model,
+                             gpu_count=self.gpu.count, simulated=self.simulated)
+
+    @property
+    def order(self) -> tuple[str, str]:
+        """Sort key: start time, then id (ids are run ids, which start with a UTC time stamp)."""
+        return (self.started_at or "", self.night_id)
+
+    def row(self, deployment: str, parallel: int) -> Any | None:
+        for r in self.rows:
+            if r.deployment == deployment and r.parallel == parallel:
+                return r
+        return None
+
+    def points(self) -> list[tuple[str, int]]:
+        return sorted({(str(r.deployment), int(r.parallel)) for r in self.rows
+                       if r.deployment is not None and r.parallel is not None})
+
+    def value(self, deployment: str, parallel: int, metric: str) -> float | None:
+        """A metric of an ok point, or None (absent, failed, or not measured)."""
+        row = self.row(deployment, parallel)
+        if row is None or row.status != "ok":
+            return None
+        value = getattr(row, metric, None)
+        return None if value is None else float(value)
+
+
+def validation_message(exc: Exception) -> str:
+    """The first problem of a pydantic ValidationError as 'field.path: message' (one line)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "record"
+            return f"{where}: {first.get('msg', '')}"
+        except (IndexError, TypeError, KeyError):
+            pass
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
