@@ -35,6 +35,7 @@ from harness.hub import (
     is_offline,
     repo_cache_folder,
     resolve,
+    size_text,
 )
 
 DEFAULT_CACHE_ROOT = Path("~/.cache/hisparse-harness/weights")
@@ -42,7 +43,6 @@ CACHE_ROOT_ENV = "HISPARSE_WEIGHTS_CACHE"
 # left free after a download: a disk filled to the last byte breaks the server's logs and compiles
 DISK_MARGIN_BYTES = 2 * 2**30
 COPY_CHUNK_BYTES = 8 * 2**20
-GIB = 2**30
 
 
 class FetchError(HubError):
@@ -116,11 +116,11 @@ def _free_bytes(path: Path) -> tuple[Path, int]:
 def check_free_disk(label: str, hub_cache: Path, needed_bytes: int | None, emit: Progress) -> None:
     probe, free = _free_bytes(hub_cache)
     if needed_bytes is None:
-        emit(f"{label}: the hub does not say how large the download is; free disk not checked "
-             f"({free / GIB:.1f} GiB free on {probe})")
+        emit(f"{label}: warning: the hub does not say how large the download is; free disk not checked "
+             f"({size_text(free)} free on {probe})")
     elif needed_bytes + DISK_MARGIN_BYTES > free:
-        raise FetchError(f"{label}: needs {needed_bytes / GIB:.1f} GiB (+{DISK_MARGIN_BYTES / GIB:.0f} GiB "
-                         f"margin) but {probe} has {free / GIB:.1f} GiB free")
+        raise FetchError(f"{label}: needs {size_text(needed_bytes)} (+{size_text(DISK_MARGIN_BYTES)} margin) "
+                         f"but {probe} has {size_text(free)} free")
 
 
 def _copy_resumable(src: Path, dest: Path, lines: LineProgress) -> None:

@@ -45,10 +45,8 @@ def _truthy(value: str | None) -> bool:
 
 
 def is_offline(hub: Hub) -> bool:
-    env = os.environ
-    if hub == "huggingface":
-        return _truthy(env.get("HF_HUB_OFFLINE")) or _truthy(env.get("TRANSFORMERS_OFFLINE"))
-    return _truthy(env.get(OFFLINE_ENV[hub]))
+    also = ("TRANSFORMERS_OFFLINE",) if hub == "huggingface" else ()  # huggingface_hub reads both
+    return any(_truthy(os.environ.get(name)) for name in (OFFLINE_ENV[hub], *also))
 
 
 def looks_like_local_path(text: str) -> bool:
@@ -156,6 +154,10 @@ def _first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text.splitlines()[0][:240]}" if text else type(exc).__name__
 
 
+def size_text(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.2f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
+
+
 class LineProgress:
     """Byte progress summed over a download's files, printed as a line at most every interval_s
     (a terminal bar never reaches a log file or a Ray driver; a line does)."""
@@ -172,19 +174,18 @@ class LineProgress:
     def advance(self, n_bytes: int) -> None:
         with self._lock:
             self.done_bytes += int(n_bytes or 0)
-            now = time.monotonic()
-            if now - self._last >= self.interval_s:
-                self._last = now
-                self.emit(self._line(now))
+            if time.monotonic() - self._last >= self.interval_s:
+                self._last = time.monotonic()
+                self.emit(self._line())
 
     def finish(self) -> None:
         if self.done_bytes:
-            self.emit(self._line(time.monotonic()) + " done")
+            self.emit(self._line() + " done")
 
-    def _line(self, now: float) -> str:
-        gib, rate = self.done_bytes / 2**30, self.done_bytes / 2**20 / max(now - self._start, 1e-6)
-        of = f" of {self.total_bytes / 2**30:.2f} GiB" if self.total_bytes else ""
-        return f"{self.label}: {gib:.2f} GiB{of} ({rate:.1f} MiB/s)"
+    def _line(self) -> str:
+        rate = self.done_bytes / 2**20 / max(time.monotonic() - self._start, 1e-6)
+        of = f" of {size_text(self.total_bytes)}" if self.total_bytes else ""
+        return f"{self.label}: {size_text(self.done_bytes)}{of} ({rate:.1f} MiB/s)"
 
 
 def _emitter(progress: Progress | None) -> Progress | None:

@@ -13,7 +13,15 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
-from test_hub import COMMIT, make_hf_cache, make_ms_cache, tiny_model_files
+from test_hub import (
+    COMMIT,
+    FakeHfHub,
+    hub_files,
+    make_hf_cache,
+    make_ms_cache,
+    run_against,
+    tiny_model_files,
+)
 
 from harness import fetch
 from harness.fetch import CACHE_ROOT_ENV, FetchError, fetch_weights, fetch_weights_local, folder_bytes
@@ -89,8 +97,8 @@ def test_too_little_free_disk_is_refused_before_copying(tmp_path, monkeypatch):
         fetch_weights_local(REF["modelscope"], cache_root=tmp_path / "node", offline=True,
                             seed_cache=tmp_path / "seed" / "modelscope", progress=lambda _line: None)
     message = str(excinfo.value)
-    assert "\n" not in message and "modelscope: org/tiny@v1.0: needs 0.0 GiB (+2 GiB margin)" in message
-    assert "has 1.0 GiB free" in message
+    assert "\n" not in message and "modelscope: org/tiny@v1.0: needs 0.0 MiB (+2.00 GiB margin)" in message
+    assert "has 1.00 GiB free" in message
     assert folder_bytes(tmp_path / "node") == 0
 
 
@@ -100,6 +108,49 @@ def test_cache_root_comes_from_the_node_environment(tmp_path, monkeypatch):
     assert fetch.node_cache_root(tmp_path / "explicit") == tmp_path / "explicit"
     monkeypatch.delenv(CACHE_ROOT_ENV)
     assert fetch.node_cache_root() == Path.home() / ".cache" / "hisparse-harness" / "weights"
+
+
+@pytest.fixture
+def fake_hf_hub():
+    hub = FakeHfHub("org/tiny", hub_files())
+    yield hub
+    hub.close()
+
+
+def test_online_fetch_counts_what_it_moved_checks_disk_and_then_transfers_nothing(fake_hf_hub, tmp_path):
+    big = hub_files()["big.bin"]
+    blobs = tmp_path / "node" / "huggingface" / "models--org--tiny" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{hashlib.sha256(big).hexdigest()}.incomplete").write_bytes(big[: 2**20])  # an interrupted download
+    code = """
+import collections, sys
+from harness import fetch
+node, tight = sys.argv[1], sys.argv[2]
+for _ in range(2):
+    done = fetch.fetch_weights_local("hf://org/tiny", cache_root=node, offline=False, progress=print)
+    print("RESULT", done.bytes_transferred, done.already_present, done.local_path)
+usage = collections.namedtuple("usage", "total used free")
+fetch.shutil.disk_usage = lambda _path: usage(0, 0, fetch.DISK_MARGIN_BYTES + 2**20)
+try:
+    fetch.fetch_weights_local("hf://org/tiny", cache_root=tight, offline=False, progress=print)
+except fetch.FetchError as exc:
+    print("REFUSED", exc)
+"""
+    done = run_against(fake_hf_hub, code, str(tmp_path / "node"), str(tmp_path / "tight"))
+    assert done.returncode == 0, done.stderr
+    results = [line.split() for line in done.stdout.splitlines() if line.startswith("RESULT")]
+    repo = tmp_path / "node" / "huggingface" / "models--org--tiny"
+    metadata = folder_bytes(repo / "refs") + folder_bytes(repo / "trees")
+    assert results[0][1:] == [str(fake_hf_hub.file_bytes_sent + metadata), "False", str(repo / "snapshots" / COMMIT)]
+    assert results[1][1:3] == ["0", "True"]
+    # huggingface_hub 1.x writes each download to a fresh per-process temp file: a part left by an
+    # earlier process is fetched again in full, not resumed (modelscope's client resumes it)
+    assert fake_hf_hub.file_bytes_sent == sum(len(b) for b in hub_files().values())
+    # the size came from the hub client's dry run, before any byte of the tight cache was written
+    refused = next(line for line in done.stdout.splitlines() if line.startswith("REFUSED"))
+    assert "huggingface: org/tiny@default branch: needs 3.0 MiB (+2.00 GiB margin)" in refused
+    assert "has 2.00 GiB free" in refused
+    assert folder_bytes(tmp_path / "tight" / "huggingface" / "models--org--tiny" / "blobs") == 0
 
 
 @pytest.mark.slow

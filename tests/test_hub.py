@@ -12,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -377,3 +379,111 @@ def test_reachability_is_the_clients_through_the_proxy(hub, host, tmp_path, prox
     assert out[-1].startswith("OK ") and str(tmp_path / "cached") in out[-1], out  # falls back to the cache
     assert proxy.requests and all(r.startswith("CONNECT ") for r in proxy.requests), proxy.requests
     assert any(host in r for r in proxy.requests), proxy.requests
+
+
+# ---- online, against a hub on 127.0.0.1 ------------------------------------------------------------
+
+class FakeHfHub:
+    """The few Hugging Face hub routes snapshot_download uses, for one model repo, on 127.0.0.1:
+    revision info, the tree listing, and files by commit (HEAD, GET, Range for resumed downloads)."""
+
+    def __init__(self, repo_id: str, files: dict[str, bytes], commit: str = COMMIT):
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.file_bytes_sent = 0
+        hub, api = self, f"/api/models/{repo_id}"
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_HEAD(self):
+                self.answer(with_body=False)
+
+            def do_GET(self):
+                self.answer(with_body=True)
+
+            def send(self, code: int, data: bytes, headers: dict[str, str], with_body: bool, length: int):
+                self.send_response(code)
+                for key, value in {**headers, "Content-Length": str(length)}.items():
+                    self.send_header(key, value)
+                self.end_headers()
+                if with_body:
+                    self.wfile.write(data)
+
+            def answer(self, with_body: bool):
+                path, byte_range = self.path.split("?")[0], self.headers.get("Range")
+                hub.requests.append((self.command, path, byte_range))
+                json_type = {"Content-Type": "application/json"}
+                if path in (f"{api}/revision/main", f"{api}/revision/{commit}"):
+                    body = json.dumps({"id": repo_id, "sha": commit, "siblings": [{"rfilename": f} for f in files]})
+                    return self.send(200, body.encode(), json_type, with_body, len(body))
+                if path == f"{api}/tree/{commit}":
+                    body = json.dumps([{"type": "file", "path": name, "size": len(data),
+                                        "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()}
+                                       for name, data in files.items()])
+                    return self.send(200, body.encode(), json_type, with_body, len(body))
+                found = re.fullmatch(rf"/{repo_id}/resolve/{commit}/(.+)", path)
+                if found and found.group(1) in files:
+                    data = files[found.group(1)]
+                    headers = {"ETag": f'"{hashlib.sha256(data).hexdigest()}"', "X-Repo-Commit": commit,
+                               "Accept-Ranges": "bytes"}
+                    start = int(re.match(r"bytes=(\d+)-", byte_range).group(1)) if byte_range else 0
+                    if start:
+                        headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                    hub.file_bytes_sent += (len(data) - start) if with_body else 0
+                    return self.send(206 if start else 200, data[start:], headers, with_body, len(data) - start)
+                code = "RevisionNotFound" if path.startswith(f"{api}/revision/") else "RepoNotFound"
+                self.send(404, b"{}", {"X-Error-Code": code, **json_type}, with_body, 2)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def hub_files() -> dict[str, bytes]:
+    return {**tiny_model_files(), "big.bin": np.random.default_rng(0).bytes(3 * 2**20)}
+
+
+@pytest.fixture
+def fake_hf_hub():
+    hub = FakeHfHub("org/tiny", hub_files())
+    yield hub
+    hub.close()
+
+
+def run_against(hub: FakeHfHub, code: str, *args: str) -> subprocess.CompletedProcess:
+    """Python code in a child whose huggingface_hub talks to the loopback hub (it reads HF_ENDPOINT at import)."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HTTP", "http", "TRANSFORMERS_"))}
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**clean, "HF_ENDPOINT": hub.url, "NO_PROXY": "127.0.0.1",
+                                         "PYTHONPATH": str(ROOT / "tests")})
+
+
+def test_online_download_reports_progress_lines_and_errors_name_the_ref(fake_hf_hub, tmp_path):
+    code = """
+import sys
+from harness.hub import HubError, resolve
+cache = sys.argv[1]
+print(resolve("hf://org/tiny", cache_dir=cache, offline=False).local_path)
+print(resolve("hf://org/tiny", cache_dir=cache, offline=True).revision_sha)
+for bad in ("hf://org/tiny@v9", "hf://org/none"):
+    try:
+        resolve(bad, cache_dir=cache, offline=False)
+    except HubError as exc:
+        print(exc)
+"""
+    done = run_against(fake_hf_hub, code, str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert out[:2] == [str(tmp_path / "models--org--tiny" / "snapshots" / COMMIT), COMMIT]
+    assert {p.name: p.read_bytes() for p in Path(out[0]).iterdir()} == hub_files()
+    assert out[2] == "huggingface: org/tiny@v9: the hub has no such revision"
+    assert out[3].startswith("huggingface: org/none@default branch: no such repository on the hub")
+    # stderr is no terminal here: progress comes as lines, the last one with the whole size
+    assert re.search(r"huggingface: org/tiny@default branch: 3\.0 MiB of 3\.0 MiB \([\d.]+ MiB/s\) done",
+                     done.stderr), done.stderr
+    assert ("GET", f"/org/tiny/resolve/{COMMIT}/big.bin", None) in fake_hf_hub.requests
