@@ -165,7 +165,7 @@ class LineProgress:
     def __init__(self, label: str, emit: Progress, interval_s: float = 10.0):
         self.label, self.emit, self.interval_s = label, emit, interval_s
         self.done_bytes, self.total_bytes = 0, 0
-        self._lock, self._start, self._last = threading.Lock(), time.monotonic(), 0.0
+        self._lock, self._start, self._last = threading.Lock(), time.monotonic(), float("-inf")
 
     def add_total(self, n_bytes: int) -> None:
         with self._lock:
@@ -190,10 +190,8 @@ class LineProgress:
 
 def _emitter(progress: Progress | None) -> Progress | None:
     """None on a terminal: the libraries' own bars; elsewhere lines on stderr."""
-    if progress is not None:
+    if progress is not None or sys.stderr.isatty():
         return progress
-    if sys.stderr.isatty():
-        return None
     return lambda line: print(line, file=sys.stderr, flush=True)
 
 
@@ -218,15 +216,10 @@ def _hf_bar_class(lines: LineProgress) -> type:
 
 
 def _ms_callback_class(lines: LineProgress) -> type:
-    class LineCallback:
+    class LineCallback:  # modelscope makes one per file: (filename, file_size), update(n), end()
         def __init__(self, filename: str, file_size: int):
             lines.add_total(file_size)
-
-        def update(self, size: int) -> None:
-            lines.advance(size)
-
-        def end(self) -> None:
-            pass
+            self.update, self.end = lines.advance, lambda: None
 
     return LineCallback
 
@@ -318,11 +311,8 @@ def _ms_recorded_revision(path: Path) -> str | None:
     layout of SDKs up to 1.37 the `.mv` file ("Revision:<rev>,CreatedAt:<time>")."""
     if path.parent.name == "snapshots":
         return path.name
-    try:
-        text = (path / ".mv").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    found = re.match(r"Revision:([^,]+)", text.strip())
+    mv = path / ".mv"
+    found = re.match(r"Revision:([^,]+)", mv.read_text(encoding="utf-8").strip()) if mv.is_file() else None
     return found.group(1) if found else None
 
 
@@ -395,12 +385,10 @@ def _card_data_files(root: Path, config: str | None) -> dict[str, list[str]] | N
     if chosen is None:
         return None
     files = chosen.get("data_files")
-    if isinstance(files, str):
-        return {"train": [files]}
+    if isinstance(files, str) or isinstance(files, list) and all(isinstance(f, str) for f in files):
+        return {"train": [files] if isinstance(files, str) else list(files)}
     if isinstance(files, dict):
         return {k: [v] if isinstance(v, str) else list(v) for k, v in files.items()}
-    if isinstance(files, list) and all(isinstance(f, str) for f in files):
-        return {"train": list(files)}
     out: dict[str, list[str]] = {}
     for item in files or []:
         if isinstance(item, dict) and "split" in item:

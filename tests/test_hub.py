@@ -487,3 +487,24 @@ for bad in ("hf://org/tiny@v9", "hf://org/none"):
     assert re.search(r"huggingface: org/tiny@default branch: 3\.0 MiB of 3\.0 MiB \([\d.]+ MiB/s\) done",
                      done.stderr), done.stderr
     assert ("GET", f"/org/tiny/resolve/{COMMIT}/big.bin", None) in fake_hf_hub.requests
+
+
+def test_modelscope_per_file_callbacks_sum_into_progress_lines():
+    from modelscope.hub.callback import ProgressCallback
+
+    from harness.hub import LineProgress, _ms_callback_class
+
+    lines: list[str] = []
+    progress = LineProgress("modelscope: org/tiny@v1.0", lines.append, interval_s=3600)
+    callback = _ms_callback_class(progress)
+    # modelscope makes one instance per file with (path, size), then calls update(n) and end()
+    assert {"update", "end"} <= set(dir(ProgressCallback))
+    for name, size in (("a.safetensors", 3 * 2**20), ("config.json", 2**20)):
+        each = callback(name, size)
+        each.update(size // 2)
+        each.update(size - size // 2)
+        each.end()
+    progress.finish()
+    # the first update, when only the first file has started (modelscope announces each file as it starts)
+    assert lines[0].startswith("modelscope: org/tiny@v1.0: 1.5 MiB of 3.0 MiB (")
+    assert lines[-1].startswith("modelscope: org/tiny@v1.0: 4.0 MiB of 4.0 MiB (") and lines[-1].endswith(" done")
