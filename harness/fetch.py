@@ -209,7 +209,7 @@ def fetch_here(ref: HubRef | str, *, node_id: str = "local", cache_root: Path | 
     before, start = folder_bytes(repo), time.monotonic()
     if seed_cache is not None and not _present(ref, hub_cache):
         _copy_from_seed(ref, Path(seed_cache).expanduser(), hub_cache, label, emit)
-    if not (is_offline(ref.hub) if offline is None else offline) and not _present(ref, hub_cache):
+    if not (is_offline(ref.hub) if offline is None else offline):  # a moved branch downloads again: check
         check_free_disk(label, hub_cache, download_size_bytes(ref, hub_cache), emit)
     resolved = resolve(ref, cache_dir=hub_cache, offline=offline, progress=lambda line: emit(f"{host}: {line}"))
     moved = max(0, folder_bytes(repo) - before)
