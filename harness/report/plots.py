@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from harness.report.labels import Label, place_labels
 from harness.report.timeseries import DeploymentTimeline, load_timeline
 from harness.results import atomic_write_bytes, iter_points, read_manifest
 
@@ -108,68 +109,6 @@ def _context(df: pd.DataFrame) -> str:
     return ", ".join(parts)
 
 
-@dataclass(frozen=True)
-class _Label:
-    x: float
-    y: float
-    text: str
-    colour: str
-
-
-# offsets (points) tried in turn for a point's label: right-above, right-below, left-above, ...
-_LABEL_OFFSETS = ((9, 4), (9, -14), (-3, 4), (-3, -14), (-4, 10), (-4, -20), (11, -5), (-3, -5), (16, 10),
-                  (16, -20), (-10, 16), (-10, -26))
-
-
-def _place_labels(ax: Axes, labels: Sequence[_Label], fontsize: float, bold: bool = False,
-                  lines: Sequence[tuple[Sequence[float], Sequence[float]]] = ()) -> None:
-    """Annotate points so that no label covers another label, a marker or a drawn line (greedy)."""
-    import numpy as np
-
-    to_points = 72.0 / ax.figure.dpi
-    anchors = [tuple(ax.transData.transform((lab.x, lab.y)) * to_points) for lab in labels]
-    marker_half = 8.0  # the frontier ring's radius, in points
-    bbox = ax.get_window_extent()
-    frame = (bbox.x0 * to_points, bbox.y0 * to_points, bbox.x1 * to_points, bbox.y1 * to_points)
-    taken: list[tuple[float, float, float, float]] = [
-        (ax_ - marker_half, ay - marker_half, ax_ + marker_half, ay + marker_half) for ax_, ay in anchors]
-    for xs, ys in lines:
-        pts = ax.transData.transform(np.column_stack([xs, ys])) * to_points
-        for (x0, y0), (x1, y1) in zip(pts[:-1], pts[1:], strict=True):
-            steps = max(1, int(np.hypot(x1 - x0, y1 - y0) // 4))
-            for f in np.linspace(0.0, 1.0, steps + 1):
-                x, y = x0 + f * (x1 - x0), y0 + f * (y1 - y0)
-                taken.append((x - 1.5, y - 1.5, x + 1.5, y + 1.5))
-
-    def overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
-        w = min(a[2], b[2]) - max(a[0], b[0])
-        h = min(a[3], b[3]) - max(a[1], b[1])
-        return w * h if w > 0 and h > 0 else 0.0
-
-    placed: list[tuple[str, float, float]] = []
-    for lab, (px, py) in zip(labels, anchors, strict=True):
-        # the same point of the same deployment in several runs: label it once
-        if any(text == lab.text and abs(qx - px) < 6 and abs(qy - py) < 6 for text, qx, qy in placed):
-            continue
-        placed.append((lab.text, px, py))
-        width = 0.62 * fontsize * len(lab.text)
-        best: tuple[float, tuple[float, float], tuple[float, float, float, float]] | None = None
-        for dx, dy in _LABEL_OFFSETS:
-            left = px + dx if dx > 0 else px + dx - width
-            box = (left, py + dy, left + width, py + dy + fontsize)
-            cost = sum(overlap(box, other) for other in taken)
-            inside = overlap(box, frame) / ((box[2] - box[0]) * (box[3] - box[1]))
-            cost += (1.0 - inside) * 1e4  # a label cut by the axes edge is worse than any overlap
-            if best is None or cost < best[0]:
-                best = (cost, (left - px, dy), box)
-            if cost == 0:
-                break
-        assert best is not None
-        taken.append(best[2])
-        ax.annotate(lab.text, (lab.x, lab.y), textcoords="offset points", xytext=best[1], fontsize=fontsize,
-                    color=lab.colour, fontweight="bold" if bold else "normal", ha="left", va="bottom")
-
-
 def pareto_frontier(xs: Sequence[float], ys: Sequence[float]) -> list[int]:
     """Indices of the points no other point beats on both axes (higher is better on both)."""
     return [i for i, (x, y) in enumerate(zip(xs, ys, strict=True))
@@ -184,7 +123,7 @@ def build_pareto_figure(df: pd.DataFrame, x: XAxis = "total") -> Figure:
     fig = _new_figure()
     ax = fig.add_subplot()
     traces = _traces(df, [x_col, y_col])
-    labels: list[_Label] = []
+    labels: list[Label] = []
     for trace in traces:
         xs = trace.frame[x_col].astype(float).tolist()
         ys = trace.frame[y_col].astype(float).tolist()
@@ -197,7 +136,7 @@ def build_pareto_figure(df: pd.DataFrame, x: XAxis = "total") -> Figure:
         ax.plot(fx, fy, color=trace.colour, linewidth=8, alpha=0.2, solid_capstyle="round",
                 solid_joinstyle="round", zorder=2, gid=f"frontier:{trace.key}")
         ax.scatter(fx, fy, s=190, facecolors="none", edgecolors=trace.colour, linewidths=1.6, zorder=4)
-        labels += [_Label(xv, yv, f"c{c}", trace.colour)
+        labels += [Label(xv, yv, f"c{c}", trace.colour)
                    for xv, yv, c in zip(xs, ys, trace.frame["parallel"], strict=True)]
     if traces:
         from matplotlib.lines import Line2D
@@ -209,8 +148,6 @@ def build_pareto_figure(df: pd.DataFrame, x: XAxis = "total") -> Figure:
         ax.legend(handles, names, loc="best", fontsize=9, framealpha=0.9)
         ax.set_xlim(left=0)
         ax.set_ylim(bottom=0, top=ax.get_ylim()[1] * 1.08)
-        _place_labels(ax, labels, fontsize=8.5, bold=True, lines=[
-            (t.frame[x_col].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
     else:
         ax.text(0.5, 0.5, "no completed points", transform=ax.transAxes, ha="center", color="#777777")
     ax.set_xlabel(x_label)
@@ -219,6 +156,9 @@ def build_pareto_figure(df: pd.DataFrame, x: XAxis = "total") -> Figure:
     ax.grid(True, alpha=0.3)
     _failed_note(ax, df)
     _mark_simulated(fig, df)
+    # last: the labels are placed on the final layout
+    place_labels(ax, labels, fontsize=8.5, bold=True, lines=[
+        (t.frame[x_col].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
     return fig
 
 
@@ -228,7 +168,7 @@ def build_occupancy_figure(df: pd.DataFrame) -> Figure:
     ax = fig.add_subplot()
     y_col = "occupancy_mean_running"
     traces = _traces(df, [y_col])
-    labels: list[_Label] = []
+    labels: list[Label] = []
     offered = sorted({int(c) for c in df["parallel"].dropna()})
     if offered:
         top = max(offered)
@@ -240,13 +180,11 @@ def build_occupancy_figure(df: pd.DataFrame) -> Figure:
         (line,) = ax.plot(cs, ys, color=trace.colour, marker=trace.marker, linestyle=trace.linestyle,
                           linewidth=1.8, markersize=6, label=trace.key, zorder=3)
         line.set_gid(f"occupancy:{trace.key}")
-        labels += [_Label(c, y, f"{y:.1f}", trace.colour) for c, y in zip(cs, ys, strict=True)]
+        labels += [Label(c, y, f"{y:.1f}", trace.colour) for c, y in zip(cs, ys, strict=True)]
     if offered:
         ax.set_xticks(offered, [f"c{c}" for c in offered])
         ax.set_xlim(0, max(offered) * 1.05)
         ax.set_ylim(0, max(offered) * 1.05)
-        _place_labels(ax, labels, fontsize=8, lines=[([0, max(offered)], [0, max(offered)])] + [
-            (t.frame["parallel"].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
     ax.set_xlabel("Offered concurrency (EvalScope --parallel, requests)")
     ax.set_ylabel("Measured mean running requests\n(mean of non-zero vllm:num_requests_running)")
     ax.set_title(f"Occupancy: requests the server actually ran: {_context(df)}", fontsize=11)
@@ -257,6 +195,9 @@ def build_occupancy_figure(df: pd.DataFrame) -> Figure:
     ax.grid(True, alpha=0.3)
     _failed_note(ax, df)
     _mark_simulated(fig, df)
+    if offered:
+        place_labels(ax, labels, fontsize=8, lines=[([0, max(offered)], [0, max(offered)])] + [
+            (t.frame["parallel"].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
     return fig
 
 
@@ -269,7 +210,7 @@ def build_acceptance_figure(df: pd.DataFrame) -> Figure | None:
     fig = _new_figure(8.0, 4.8)
     ax = fig.add_subplot()
     top = 1.0
-    labels: list[_Label] = []
+    labels: list[Label] = []
     for trace in traces:
         cs = trace.frame["parallel"].astype(int).tolist()
         ys = trace.frame[y_col].astype(float).tolist()
@@ -277,18 +218,18 @@ def build_acceptance_figure(df: pd.DataFrame) -> Figure | None:
         (line,) = ax.plot(cs, ys, color=trace.colour, marker=trace.marker, linestyle=trace.linestyle,
                           linewidth=1.8, markersize=6, label=trace.key)
         line.set_gid(f"acceptance:{trace.key}")
-        labels += [_Label(c, y, f"{y:.2f}", trace.colour) for c, y in zip(cs, ys, strict=True)]
+        labels += [Label(c, y, f"{y:.2f}", trace.colour) for c, y in zip(cs, ys, strict=True)]
     offered = sorted({int(c) for t in traces for c in t.frame["parallel"]})
     ax.set_xticks(offered, [f"c{c}" for c in offered])
     ax.set_ylim(1.0, top + 0.35 * (top - 1.0) + 0.1)
-    _place_labels(ax, labels, fontsize=8, lines=[
-        (t.frame["parallel"].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
     ax.set_xlabel("Offered concurrency (requests)")
     ax.set_ylabel("MTP acceptance length (tokens per step)\n1 + d(accepted) / d(drafts)")
     ax.set_title(f"Speculative decoding acceptance: {_context(df)}", fontsize=11)
     ax.legend(loc="lower left", fontsize=9, framealpha=0.9)
     ax.grid(True, alpha=0.3)
     _mark_simulated(fig, df)
+    place_labels(ax, labels, fontsize=8, lines=[
+        (t.frame["parallel"].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
     return fig
 
 
