@@ -23,7 +23,8 @@ def register(parser: argparse.ArgumentParser) -> None:
     add.add_argument("--replace", action="store_true", help="overwrite the night if it is already stored")
     show = actions.add_parser("show", help="the gate's report of one night against the nights before it",
                               description="the gate's report of one night against the nights before it")
-    show.add_argument("night_id", metavar="NIGHT", help="night id (the run id)")
+    show.add_argument("night_id", metavar="NIGHT", nargs="?", default=None,
+                      help="night id (the run id; default: the latest night)")
     actions.add_parser("list", help="every night: when, what hardware, gate outcome",
                        description="every night: when, what hardware, gate outcome")
     for sub in actions.choices.values():
@@ -79,10 +80,14 @@ def _show(args: argparse.Namespace, store: NightStore) -> int:
     from harness.nightly.gate import gate_night
     from harness.nightly.markdown import regression_report
 
-    night = store.get(args.night_id)
+    from harness.errors import HarnessError
+
     history = store.load()
     for line in history.warnings:
         print(line, file=sys.stderr)
+    if args.night_id is None and not history.nights:
+        raise HarnessError(f"{store.root}: no nights in the history yet")
+    night = store.get(args.night_id) if args.night_id else history.nights[-1]
     result = gate_night(night, history.before(night))
     changes = [c for c in history_change_points(history.nights) if c.night_id == night.night_id]
     print(regression_report(result, night, changes), end="")
