@@ -76,11 +76,10 @@ def _list(args: argparse.Namespace, store: NightStore) -> int:
 
 
 def _show(args: argparse.Namespace, store: NightStore) -> int:
+    from harness.errors import HarnessError
     from harness.nightly.changepoint import history_change_points
     from harness.nightly.gate import gate_night
     from harness.nightly.markdown import regression_report
-
-    from harness.errors import HarnessError
 
     history = store.load()
     for line in history.warnings:
