@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="dataset-bench-") as tmp:
         recipe_path = Path(tmp) / "blog-shape.yaml"
-        recipe_path.write_text(RECIPE.format(sample=REPO_ROOT / "datasets/samples/openhands-sample.jsonl",
+        recipe_path.write_text(RECIPE.format(sample=REPO_ROOT / "harness/data/samples/openhands-sample.jsonl",
                                              tokenizer=default_tokenizer_path(),
                                              conversations=args.conversations), encoding="utf-8")
         loaded = load_recipe(recipe_path)

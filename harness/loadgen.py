@@ -18,21 +18,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import ClientSettings
-from harness.launch.vllm import compact_json
+from harness.io import compact_json, package_version
+from harness.metrics.evalscope_summary import parse_summary
+from harness.records import EvalScopeSummary
+
+BASE_URL_PLACEHOLDER = "{base_url}"
+DATASET_PLACEHOLDER = "{dataset}"
+OUTPUTS_PLACEHOLDER = "{outputs}"
 
 
 @dataclass(frozen=True)
-class LoadPoint:
-    """What one EvalScope run must do: the point, its offset, where it writes."""
+class ClientPlan:
+    """Which EvalScope the points run: its command prefix and version (resolved once, by the plan)."""
 
-    model: str
-    url: str  # .../v1/chat/completions
-    dataset_path: Path
-    parallel: int
-    number: int
-    dataset_offset: int
-    name: str
-    outputs_dir: Path
+    program: tuple[str, ...]
+    version: str | None
+    source: str  # "harness" (the harness's own environment) or the pinned spec it was built from
 
 
 def evalscope_program() -> list[str]:
@@ -45,29 +46,48 @@ def evalscope_program() -> list[str]:
     return [found] if found else [sys.executable, "-m", "evalscope.cli.cli"]
 
 
-def evalscope_argv(point: LoadPoint, client: ClientSettings, program: list[str] | None = None) -> list[str]:
-    argv = list(program or ["evalscope"]) + [
+def resolve_client(client: ClientSettings) -> ClientPlan:
+    return ClientPlan(program=tuple(evalscope_program()), version=package_version("evalscope"), source="harness")
+
+
+def client_argv_template(plan: ClientPlan, client: ClientSettings, *, model: str, parallel: int, number: int,
+                         dataset_offset: int, name: str) -> list[str]:
+    """One point's EvalScope argv, with the server URL, dataset path and output folder left as
+    placeholders that only a run knows (fill_client_argv)."""
+    argv = list(plan.program) + [
         "perf",
-        "--model", point.model,
-        "--url", point.url,
+        "--model", model,
+        "--url", f"{BASE_URL_PLACEHOLDER}/v1/chat/completions",
         "--api", client.api,
         "--dataset", client.dataset,
-        "--dataset-path", str(point.dataset_path),
-        "--dataset-offset", str(point.dataset_offset),
+        "--dataset-path", DATASET_PLACEHOLDER,
+        "--dataset-offset", str(dataset_offset),
         "--max-tokens", str(client.max_tokens),
     ]
     if client.multi_turn:
         argv.append("--multi-turn")
-    argv += ["--number", str(point.number), "--parallel", str(point.parallel)]
+    argv += ["--number", str(number), "--parallel", str(parallel)]
     if client.extra_args:
         argv += ["--extra-args", compact_json(client.extra_args)]
-    argv += ["--name", point.name, "--outputs-dir", str(point.outputs_dir), "--no-timestamp"]
+    argv += ["--name", name, "--outputs-dir", OUTPUTS_PLACEHOLDER, "--no-timestamp"]
     return argv + list(client.evalscope_args)
 
 
-def summary_dir(point: LoadPoint) -> Path:
-    """Where EvalScope writes this run's benchmark_summary.json."""
-    return point.outputs_dir / point.name / f"parallel_{point.parallel}_number_{point.number}"
+def fill_client_argv(template: tuple[str, ...] | list[str], *, base_url: str, dataset_path: Path,
+                     outputs_dir: Path) -> list[str]:
+    values = {BASE_URL_PLACEHOLDER: base_url.rstrip("/"), DATASET_PLACEHOLDER: str(dataset_path),
+              OUTPUTS_PLACEHOLDER: str(outputs_dir)}
+    out = []
+    for arg in template:
+        for placeholder, value in values.items():
+            arg = arg.replace(placeholder, value)
+        out.append(arg)
+    return out
+
+
+def summary_dir(outputs_dir: Path, name: str, parallel: int, number: int) -> Path:
+    """Where EvalScope writes one run's benchmark_summary.json."""
+    return outputs_dir / name / f"parallel_{parallel}_number_{number}"
 
 
 @dataclass(frozen=True)
@@ -125,3 +145,21 @@ def _stop_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+class LoadGenerator:
+    """What the runner asks of a load generator: run one point's command, read its summary.
+
+    EvalScope is the real one; tests pass in-process fakes with the same two methods.
+    """
+
+    def run(self, argv: list[str], log_path: Path, timeout_s: float,
+            should_stop: Callable[[], bool] | None = None) -> LoadRun:
+        return run_evalscope(argv, log_path, timeout_s, should_stop)
+
+    def read_summary(self, run_summary_dir: Path) -> EvalScopeSummary | None:
+        """The run's summary; None where it wrote none; HarnessError where it is unreadable."""
+        path = run_summary_dir / "benchmark_summary.json"
+        if not path.exists():
+            return None
+        return parse_summary(path)

@@ -1,9 +1,11 @@
-"""Sweep -> Plan: deployments x points, each point's explicit dataset offset, the dataset need.
+"""The resolve stage: Sweep -> Plan. Everything a run needs is decided here, once: each deployment's
+dialect, build (interpreter, kernels), server argv and launcher reservation; each point's offset and
+EvalScope argv; the dataset need. Launchers and the runner only fill in what is known at run time
+(the port a node picked, the built dataset's path, an attempt's output folder); they never render.
 
-Offsets: EvalScope rotates the conversation list by --dataset-offset (FACTS.md §6).
-Point i starts where point i-1's conversations ended, so no point re-sends a
-conversation an earlier point already warmed in the prefix cache, provided the
-dataset holds offset + sum(numbers) conversations.
+Offsets: EvalScope rotates the conversation list by --dataset-offset (docs/facts.md §6). Point i
+starts where point i-1's conversations ended, so no point re-sends a conversation an earlier point
+already warmed in the prefix cache, provided the dataset holds offset + sum(numbers) conversations.
 """
 
 from __future__ import annotations
@@ -11,10 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config import LoadedSweep, display_path
-from harness.launch.vllm import ServerCommand, server_command
-from harness.loadgen import LoadPoint, evalscope_argv
-from harness.results import RunPaths
+from harness.builds.envs import env_dir_for, expected_python
+from harness.calc import sizing_for_launch, sizing_warnings
+from harness.config import ConfigError, LoadedLaunch, LoadedSweep
+from harness.io import display_path
+from harness.loadgen import ClientPlan, client_argv_template, fill_client_argv, resolve_client
+from harness.servers.base import PORT_PLACEHOLDER
+from harness.servers.vllm_command import ServerCommand, server_command
+from harness.support import (
+    ResolvedDialect,
+    dialect_from_spec,
+    forced_dialect_note,
+    hisparse_option_problems,
+)
 
 DATASET_PLACEHOLDER = Path("<dataset>")
 
@@ -25,6 +36,7 @@ class PointPlan:
     parallel: int
     number: int
     dataset_offset: int
+    client_argv: tuple[str, ...]  # EvalScope's argv with {base_url}, {dataset} and {outputs} to fill
 
     @property
     def point_id(self) -> str:
@@ -36,16 +48,14 @@ class PointPlan:
 
 
 @dataclass(frozen=True)
-class DeploymentPlan:
-    name: str
-    launch_path: Path
-    engine: str
-    command: ServerCommand
-    gpus: int
-    served_model_name: str
-    ready_timeout_s: float
-    points: tuple[PointPlan, ...]
-    sizing: Sizing | None = None  # predicted concurrency (vLLM engines only)
+class BuildPlan:
+    """Where a vLLM deployment's server comes from, resolved without building anything."""
+
+    spec: str  # the profile's build.vllm
+    kind: str  # system | pypi | git
+    python: str | None  # the interpreter the server command runs under (None: `vllm` on PATH)
+    env_dir: Path | None
+    kernels: str  # vllm | bundled
 
 
 @dataclass(frozen=True)
@@ -59,26 +69,28 @@ class Sizing:
     warnings: tuple[str, ...]
 
 
-def longest_context_tokens(loaded: LoadedSweep) -> int:
-    """First turn + every later turn + every reply: the context of a conversation's last turn."""
-    recipe = loaded.recipe.recipe
-    return (recipe.first_turn_length + (recipe.num_turns - 1) * recipe.subsequent_turn_length
-            + recipe.num_turns * loaded.sweep.client.max_tokens)
+@dataclass(frozen=True)
+class DeploymentPlan:
+    name: str
+    launch: LoadedLaunch
+    engine: str
+    dialect: ResolvedDialect | None  # None where it does not matter (sim, no HiSparse)
+    build: BuildPlan | None  # None for the simulated engine
+    command: ServerCommand
+    gpus: int  # per-server GPUs for per-GPU numbers (the sweep's gpus_per_server)
+    reserve_gpus: int  # GPUs the launcher reserves for the server
+    served_model_name: str
+    ready_timeout_s: float
+    points: tuple[PointPlan, ...]
+    sizing: Sizing | None = None  # predicted concurrency (vLLM engines only)
 
+    @property
+    def launch_path(self) -> Path:
+        return self.launch.path
 
-def _sizing(loaded: LoadedSweep, deployment: str) -> Sizing | None:
-    from harness.calc import sizing_for_launch, sizing_warnings
-
-    profile = loaded.launch_for(deployment)
-    # the calculator models GLM-5.3's sparse-MLA KV on GPUs; other models and CPU builds have no prediction
-    if profile.engine != "vllm" or "glm-5" not in profile.serve.model.lower() or profile.build.package != "vllm":
-        return None
-    seq_len = longest_context_tokens(loaded)
-    result = sizing_for_launch(profile, seq_len)
-    concurrencies = [p.parallel for p in loaded.sweep.client.point_list]
-    return Sizing(seq_len=seq_len, predicted_concurrency=result.predicted_total,
-                  baseline_concurrency=result.baseline_total, layout=result.layout,
-                  warnings=tuple(sizing_warnings(profile, seq_len, concurrencies)))
+    @property
+    def profile(self):
+        return self.launch.profile
 
 
 @dataclass(frozen=True)
@@ -98,11 +110,22 @@ class Plan:
     sweep: LoadedSweep
     deployments: tuple[DeploymentPlan, ...]
     dataset: DatasetNeed
+    client: ClientPlan
     warnings: tuple[str, ...]
 
     @property
     def simulated(self) -> bool:
         return all(d.engine == "sim" for d in self.deployments)
+
+    def deployment(self, name: str) -> DeploymentPlan:
+        return next(d for d in self.deployments if d.name == name)
+
+
+def longest_context_tokens(loaded: LoadedSweep) -> int:
+    """First turn + every later turn + every reply: the context of a conversation's last turn."""
+    recipe = loaded.recipe.recipe
+    return (recipe.first_turn_length + (recipe.num_turns - 1) * recipe.subsequent_turn_length
+            + recipe.num_turns * loaded.sweep.client.max_tokens)
 
 
 def point_offsets(base_offset: int, numbers: list[int]) -> list[int]:
@@ -113,26 +136,94 @@ def point_offsets(base_offset: int, numbers: list[int]) -> list[int]:
     return offsets
 
 
-def make_plan(loaded: LoadedSweep, dialect: str | None = None) -> Plan:
+# ---- resolving one deployment ----------------------------------------------------------------------
+
+def resolve_dialect(loaded: LoadedLaunch, override: str | None = None) -> tuple[ResolvedDialect | None, list[str]]:
+    """The dialect to render (None for the simulated engine), and notes where a forced dialect
+    contradicts the build. HiSparse options are checked against the dialect, whatever chose it."""
+    profile, notes = loaded.profile, []
+    if profile.engine != "vllm":
+        return None, notes
+    build = profile.build
+    wanted = override if override not in (None, "auto") else profile.dialect
+    if wanted != "auto":
+        dialect: ResolvedDialect = wanted  # type: ignore[assignment]
+        note = forced_dialect_note(dialect, blog_branch=build.blog_branch, pinned_version=build.version)
+        if note and profile.kv.hisparse is not None:
+            notes.append(f"{note} ({build.vllm})")
+    else:
+        found, field, why = dialect_from_spec(uses_hisparse=profile.kv.hisparse is not None,
+                                              blog_branch=build.blog_branch, pinned_version=build.version)
+        if found is None:
+            raise ConfigError(loaded.path, f"build {build.vllm} {why}" if field == "build" else why, field)
+        dialect = found
+    hisparse = profile.kv.hisparse
+    if hisparse is not None:
+        for problem in hisparse_option_problems(dialect=dialect, device_buffer_size=hisparse.device_buffer_size,
+                                                eager_host_mirror=hisparse.eager_host_mirror):
+            raise ConfigError(loaded.path, f"{problem} (dialect {dialect})", "kv.hisparse")
+    return dialect, notes
+
+
+def resolve_build(loaded: LoadedLaunch, envs_dir: Path | None = None) -> BuildPlan | None:
+    profile = loaded.profile
+    if profile.engine != "vllm":
+        return None
+    spec = profile.build
+    return BuildPlan(spec=spec.vllm, kind=spec.kind, python=expected_python(spec, envs_dir),
+                     env_dir=None if spec.kind == "system" else env_dir_for(spec, envs_dir), kernels=spec.kernels)
+
+
+def _sizing(loaded: LoadedSweep, deployment: str) -> Sizing | None:
+    profile = loaded.launch_for(deployment)
+    # the calculator models GLM-5.3's sparse-MLA KV on GPUs; other models and CPU builds have no prediction
+    if profile.engine != "vllm" or "glm-5" not in profile.serve.model.lower() or profile.build.package != "vllm":
+        return None
+    seq_len = longest_context_tokens(loaded)
+    result = sizing_for_launch(profile, seq_len)
+    concurrencies = [p.parallel for p in loaded.sweep.client.point_list]
+    return Sizing(seq_len=seq_len, predicted_concurrency=result.predicted_total,
+                  baseline_concurrency=result.baseline_total, layout=result.layout,
+                  warnings=tuple(sizing_warnings(profile, seq_len, concurrencies)))
+
+
+def _reserved_gpus(loaded: LoadedLaunch, gpus_per_server: int) -> int:
+    profile = loaded.profile
+    if profile.reserve_gpus is not None:
+        return profile.reserve_gpus
+    return 0 if profile.engine == "sim" else gpus_per_server
+
+
+def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | None = None) -> Plan:
     sweep = loaded.sweep
     specs = sweep.client.point_list
     offsets = point_offsets(sweep.client.dataset_offset, [p.number for p in specs])
     needed = sweep.client.dataset_offset + sum(p.number for p in specs)
+    client = resolve_client(sweep.client)
     warnings: list[str] = []
     deployments = []
     for dep in sweep.deployments:
         launch = loaded.launches[dep.name]
-        command = server_command(launch, dialect=dialect)
-        warnings += [f"{dep.name}: {note}" for note in command.notes]
-        points = tuple(PointPlan(dep.name, p.parallel, p.number, off) for p, off in zip(specs, offsets,
-                                                                                         strict=True))
-        deployments.append(DeploymentPlan(
-            name=dep.name, launch_path=launch.path, engine=launch.profile.engine, command=command,
-            gpus=sweep.gpus_per_server, served_model_name=launch.profile.served_model_name,
-            ready_timeout_s=launch.profile.effective_ready_timeout_s, points=points,
-            sizing=(sizing := _sizing(loaded, dep.name))))
+        profile = launch.profile
+        resolved, notes = resolve_dialect(launch, dialect)
+        warnings += [f"{dep.name}: {note}" for note in notes]
+        build = resolve_build(launch, envs_dir)
+        command = server_command(profile, launch.path, dialect=resolved, python=build.python if build else None)
+        served = sweep.client.model or profile.served_model_name
+        points = tuple(
+            PointPlan(dep.name, p.parallel, p.number, off,
+                      client_argv=tuple(client_argv_template(client, sweep.client, model=served, parallel=p.parallel,
+                                                             number=p.number, dataset_offset=off,
+                                                             name=f"{dep.name}-c{p.parallel}")))
+            for p, off in zip(specs, offsets, strict=True))
+        sizing = _sizing(loaded, dep.name)
         if sizing is not None:
             warnings += [f"{dep.name}: {w}" for w in sizing.warnings]
+        deployments.append(DeploymentPlan(
+            name=dep.name, launch=launch, engine=profile.engine, dialect=command.dialect, build=build,
+            command=command, gpus=sweep.gpus_per_server, reserve_gpus=_reserved_gpus(launch, sweep.gpus_per_server),
+            served_model_name=profile.served_model_name, ready_timeout_s=profile.effective_ready_timeout_s,
+            points=points, sizing=sizing))
     recipe = loaded.recipe.recipe
     need = DatasetNeed(recipe_path=loaded.recipe.path, recipe_name=recipe.name,
                        conversations_needed=needed, conversations_built=recipe.conversations)
@@ -142,26 +233,16 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None) -> Plan:
             f"points need {needed} (offset {sweep.client.dataset_offset} + {sum(p.number for p in specs)}): "
             "later points would re-send conversations earlier points warmed in the prefix cache; "
             "the sweep builds the dataset with enough conversations")
-    return Plan(sweep=loaded, deployments=tuple(deployments), dataset=need, warnings=tuple(warnings))
+    return Plan(sweep=loaded, deployments=tuple(deployments), dataset=need, client=client, warnings=tuple(warnings))
 
 
-def load_point(plan: Plan, deployment: DeploymentPlan, point: PointPlan, *, base_url: str,
-               dataset_path: Path, outputs_dir: Path) -> LoadPoint:
-    client = plan.sweep.sweep.client
-    return LoadPoint(model=client.model or deployment.served_model_name,
-                     url=base_url.rstrip("/") + "/v1/chat/completions", dataset_path=dataset_path,
-                     parallel=point.parallel, number=point.number, dataset_offset=point.dataset_offset,
-                     name=point.evalscope_name, outputs_dir=outputs_dir)
-
-
-def planned_evalscope_argv(plan: Plan, deployment: DeploymentPlan, point: PointPlan,
-                           run_paths: RunPaths | None = None, dataset_path: Path | None = None) -> list[str]:
+def planned_client_argv(deployment: DeploymentPlan, point: PointPlan, dataset_path: Path | None = None,
+                        outputs_dir: Path | None = None) -> list[str]:
     """The EvalScope command as `plan` prints it (attempt 1, the profile's host and port)."""
-    profile = plan.sweep.launch_for(deployment.name)
+    profile = deployment.profile
     host = "127.0.0.1" if profile.host in ("0.0.0.0", "::") else profile.host
-    port = profile.port or "{port}"
-    outputs = (run_paths.evalscope_dir(deployment.name, point.parallel, 1) if run_paths
-               else Path("results/<run-id>/points") / deployment.name / point.point_id / "evalscope/attempt-1")
-    lp = load_point(plan, deployment, point, base_url=f"http://{host}:{port}",
-                    dataset_path=dataset_path or DATASET_PLACEHOLDER, outputs_dir=outputs)
-    return evalscope_argv(lp, plan.sweep.sweep.client)
+    port = profile.port or PORT_PLACEHOLDER
+    outputs = outputs_dir or (Path("results/<run-id>/points") / deployment.name / point.point_id
+                              / "evalscope/attempt-1")
+    return fill_client_argv(point.client_argv, base_url=f"http://{host}:{port}",
+                            dataset_path=dataset_path or DATASET_PLACEHOLDER, outputs_dir=outputs)

@@ -5,21 +5,18 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from importlib import metadata
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
 from harness import __version__
-from harness.config import LoadedSweep, display_path, sha256_file
+from harness.config import LoadedSweep
+from harness.io import display_path, package_version, sha256_file
+from harness.records import GpuRecord, ProvenanceRecord
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def utc_now_iso() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+# The checkout the package runs from, when it runs from one (an installed wheel has no commit).
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(argv: list[str], cwd: Path | None = None) -> str | None:
@@ -31,17 +28,12 @@ def _run(argv: list[str], cwd: Path | None = None) -> str | None:
 
 
 def harness_commit() -> str | None:
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT)
-    if commit and _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT):
+    if not (SOURCE_ROOT / "pyproject.toml").is_file() or not (SOURCE_ROOT / ".git").exists():
+        return None
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=SOURCE_ROOT)
+    if commit and _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=SOURCE_ROOT):
         commit += "-dirty"
     return commit
-
-
-def package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -70,33 +62,19 @@ def host_ram_gib() -> float | None:
     return None
 
 
-@dataclass
-class Provenance:
-    harness_version: str = __version__
-    harness_commit: str | None = None
-    python: str = field(default_factory=lambda: sys.version.split()[0])
-    hostname: str = field(default_factory=platform.node)
-    os: str = field(default_factory=platform.platform)
-    evalscope_version: str | None = None
-    ray_version: str | None = None
-    config_files: dict[str, str] = field(default_factory=dict)  # path -> sha256
-    dataset_path: str | None = None
-    dataset_sha256: str | None = None
-    gpu: dict = field(default_factory=dict)
-    host_ram_gib: float | None = None
-
-
-def collect(loaded: LoadedSweep, dataset_path: Path, dataset_sha256: str) -> Provenance:
-    return Provenance(
-        harness_commit=harness_commit(),
-        evalscope_version=package_version("evalscope"),
+def collect(loaded: LoadedSweep, dataset_path: Path | None, dataset_sha256: str | None, *,
+            evalscope_version: str | None = None, client_source: str | None = None,
+            simulated: str | None = None) -> ProvenanceRecord:
+    gpu = gpu_info()
+    return ProvenanceRecord(
+        harness_version=__version__, harness_commit=harness_commit(), python=sys.version.split()[0],
+        hostname=platform.node(), os=platform.platform(),
+        evalscope_version=evalscope_version, client_source=client_source,
         ray_version=package_version("ray"),
         config_files={display_path(p): sha256_file(p) for p in loaded.files},
-        dataset_path=display_path(dataset_path),
-        dataset_sha256=dataset_sha256,
-        gpu=asdict(gpu_info()),
-        host_ram_gib=host_ram_gib(),
-    )
+        dataset_path=display_path(dataset_path) if dataset_path else None, dataset_sha256=dataset_sha256,
+        gpu=GpuRecord(model=gpu.model, count=gpu.count, driver=gpu.driver), host_ram_gib=host_ram_gib(),
+        simulated=simulated)
 
 
 def server_version(base_url: str, timeout_s: float = 5.0) -> dict[str, str]:

@@ -1,15 +1,21 @@
-"""The typed records a run folder holds: one point's outcome and what was measured.
+"""The typed records a run folder holds: the run's manifest, each deployment, each point's outcome
+and what was measured.
 
-These are the contract between the runner (writes them), the metrics derivation
-(fills `PointMetrics`) and the analysis (reads them back). Field names are stable:
-`summary.csv` columns are these names, documented in README.md.
+These are the contract between the run recorder (harness/results.py writes them), the metrics
+derivation (fills `PointMetrics`) and the analysis (reads them back). Field names are stable:
+`summary.csv` columns are these names, documented in README.md and docs/metrics.md.
+
+Every file written carries `schema_version` (SCHEMA_VERSION); readers accept the previous version
+(1: the first round's files, which had no such field and kept deployments as free-form mappings).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 2
 
 
 class Record(BaseModel):
@@ -73,6 +79,7 @@ PointStatus = Literal["ok", "failed"]
 class PointRecord(Record):
     """point.json: everything about one (deployment, concurrency) point."""
 
+    schema_version: int = 1  # files without the field are version 1
     deployment: str
     parallel: int
     number: int
@@ -98,3 +105,127 @@ class PointRecord(Record):
     @property
     def point_id(self) -> str:
         return f"p{self.parallel}"
+
+
+# ---- the manifest ---------------------------------------------------------------------------------
+
+RunStatus = Literal["running", "ok", "failed", "stopped", "interrupted"]
+
+
+class GpuRecord(Record):
+    model: str | None = None
+    count: int = 0
+    driver: str | None = None
+
+
+class ProvenanceRecord(Record):
+    """What a run ran on and with, recorded once per run."""
+
+    harness_version: str | None = None
+    harness_commit: str | None = None
+    python: str | None = None
+    hostname: str | None = None
+    os: str | None = None
+    evalscope_version: str | None = None
+    client_source: str | None = None  # "harness" or the pinned EvalScope spec the points ran
+    ray_version: str | None = None
+    config_files: dict[str, str] = Field(default_factory=dict)  # path -> sha256
+    dataset_path: str | None = None
+    dataset_sha256: str | None = None
+    gpu: GpuRecord = Field(default_factory=GpuRecord)
+    host_ram_gib: float | None = None
+    simulated: str | None = None  # how the numbers were made when no real server ran
+
+
+class WorkloadRecord(Record):
+    """What a request looks like: the recipe's shape and the dataset the points read."""
+
+    recipe: str | None = None
+    first_turn_length: int | None = None
+    subsequent_turn_length: int | None = None
+    num_turns: int | None = None
+    max_tokens: int | None = None
+    conversations_needed: int | None = None
+    conversations_built: int | None = None
+    dataset_sha256: str | None = None
+    source: str | None = None
+
+    def identity(self) -> dict[str, object]:
+        """What makes two workloads the same experiment: not how many conversations a sweep needs
+        (a shortened nightly sweep needs fewer of the same dataset), nor unset fields."""
+        return {k: v for k, v in sorted(self.model_dump().items())
+                if v is not None and k not in ("conversations_needed",)}
+
+
+class KernelRecord(Record):
+    """The HiSparse kernel module a build carries (kernels: bundled)."""
+
+    version: str | None = None
+    source_sha256: str | None = None
+    built_for: str | None = None  # cpu | cuda
+    cuda_arch: str | None = None
+
+
+class BuildRecord(Record):
+    """A server's build: the environment, what vLLM and torch it holds, and its kernels."""
+
+    kind: str | None = None  # system | pypi | git
+    spec: str | None = None
+    env_dir: str | None = None
+    python: str | None = None
+    vllm_version: str | None = None
+    vllm_commit: str | None = None
+    torch_version: str | None = None
+    created: bool = False
+    build_s: float = 0.0
+    distribution: str | None = None
+    torch_cuda: str | None = None
+    cuda_arch: str | None = None
+    build_command: str | None = None
+    size_bytes: int | None = None
+    kernels: str = "vllm"
+    kernel: KernelRecord | None = None
+
+
+class DeploymentRecord(Record):
+    """One deployment of a run: what it is, where its server ran, and how often it restarted."""
+
+    launch: str
+    engine: str
+    dialect: str | None = None
+    restarts: int = 0
+    base_url: str | None = None
+    node: str | None = None
+    server_version: dict[str, str] = Field(default_factory=dict)
+    build: BuildRecord | None = None
+    policy: str | None = None  # simulated engine: its KV residency policy
+
+
+class RunManifest(Record):
+    """manifest.json: provenance, the resolved config, every deployment and the status of every point."""
+
+    schema_version: int = 1  # files without the field are version 1
+    run_id: str
+    sweep_name: str
+    sweep_path: str
+    simulated: bool = False
+    gpus_per_server: int
+    gpu_model: str | None = None
+    workload: WorkloadRecord = Field(default_factory=WorkloadRecord)
+    provenance: ProvenanceRecord = Field(default_factory=ProvenanceRecord)
+    resolved_config: dict[str, Any] = Field(default_factory=dict)
+    deployments: dict[str, DeploymentRecord] = Field(default_factory=dict)
+    points: dict[str, dict[str, str]] = Field(default_factory=dict)  # dep -> "p8" -> point status or "pending"
+    started_at: str | None = None
+    ended_at: str | None = None
+    status: RunStatus = "running"
+
+
+def run_status(points: dict[str, dict[str, str]], *, interrupted: bool, stopped_by_policy: bool) -> RunStatus:
+    """The one rule for a run's final status, whoever ran it."""
+    statuses = [s for by_point in points.values() for s in by_point.values()]
+    if stopped_by_policy:
+        return "stopped"
+    if interrupted or any(s == "pending" for s in statuses):
+        return "interrupted"
+    return "failed" if any(s == "failed" for s in statuses) else "ok"

@@ -1,5 +1,6 @@
-"""Secrets never reach a file: values of flags, env entries and `NAME=value` pairs whose name
-says they are secret (API keys, tokens, passwords) are masked before anything is written."""
+"""Secrets never reach a file: values of flags, env entries, `NAME=value` pairs and JSON or Python
+mapping entries whose name says they are secret (API keys, tokens, passwords) are masked before
+anything is written: commands, configs, log lines and the files EvalScope leaves behind."""
 
 from __future__ import annotations
 
@@ -37,6 +38,33 @@ def redact_argv(argv: list[str]) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+_NAME = r"[A-Za-z0-9_.-]*"
+# "key": "value" / 'key': 'value' / 'key': ['value'] (JSON, and Python reprs such as vLLM's
+# "non-default args: {...}" start-up line)
+_QUOTED_ENTRY = re.compile(r"""(?P<q>["'])(?P<name>""" + _NAME + r""")(?P=q)(?P<sep>\s*:\s*\[?\s*)"""
+                           r"""(?P<vq>["'])(?P<value>(?:\\.|(?!(?P=vq)).)*)(?P=vq)""")
+# --flag value / --flag=value / NAME=value / NAME: value inside free text
+_FLAG_ENTRY = re.compile(r"(?P<name>--?" + _NAME + r")(?P<sep>[= ]+)(?P<value>[^\s'\",}\]]+)")
+_ASSIGN_ENTRY = re.compile(r"(?<![-\w])(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<sep>=|:\s+)(?P<value>[^\s'\",}\]]+)")
+_BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
+
+
+def redact_text(text: str) -> str:
+    """A log line or file body with every secret value it shows masked."""
+    def quoted(m: re.Match) -> str:
+        if not is_secret_name(m["name"]):
+            return m[0]
+        return f"{m['q']}{m['name']}{m['q']}{m['sep']}{m['vq']}{REDACTED}{m['vq']}"
+
+    def plain(m: re.Match) -> str:
+        return m[0] if not is_secret_name(m["name"]) else f"{m['name']}{m['sep']}{REDACTED}"
+
+    text = _BEARER.sub(lambda m: m[1] + REDACTED, text)
+    text = _QUOTED_ENTRY.sub(quoted, text)
+    text = _FLAG_ENTRY.sub(plain, text)
+    return _ASSIGN_ENTRY.sub(plain, text)
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The run folder: where every file of a run lives, written atomically, and the manifest.
+"""The run folder: where every file of a run lives, and the one recorder that writes it.
 
 results/<run-id>/manifest.json
 results/<run-id>/deployments/<dep>/{command.txt, server.log, preflight.json}
@@ -9,44 +9,27 @@ results/<run-id>/report.md
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from harness.errors import HarnessError
-from harness.records import PointRecord
+from harness.io import atomic_write_json, atomic_write_text, display_path, utc_now_iso
+from harness.records import (
+    SCHEMA_VERSION,
+    DeploymentRecord,
+    PointRecord,
+    ProvenanceRecord,
+    RunManifest,
+    RunStatus,
+    WorkloadRecord,
+    run_status,
+)
+from harness.redact import redact_argv, redact_config, redact_text
 
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone on the machine to read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    if isinstance(obj, BaseModel):
-        obj = obj.model_dump(mode="json")
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+# Point statuses a resumed run skips.
+OK_STATUSES = ("ok",)
 
 
 @dataclass(frozen=True)
@@ -94,39 +77,14 @@ class RunPaths:
         return self.point_dir(deployment, parallel) / "evalscope" / f"attempt-{attempt}"
 
 
-class Manifest(BaseModel):
-    """manifest.json: provenance, the resolved config, and the status of every point."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    run_id: str
-    sweep_name: str
-    sweep_path: str
-    simulated: bool = False
-    gpus_per_server: int
-    gpu_model: str | None = None
-    workload: dict[str, Any] = Field(default_factory=dict)  # recipe name, lengths, conversations, hash
-    provenance: dict[str, Any] = Field(default_factory=dict)
-    resolved_config: dict[str, Any] = Field(default_factory=dict)
-    deployments: dict[str, dict[str, Any]] = Field(default_factory=dict)  # command, restarts, versions
-    points: dict[str, dict[str, str]] = Field(default_factory=dict)  # dep -> "p8" -> status
-    started_at: str | None = None
-    ended_at: str | None = None
-    status: str = "running"
-
-
-def read_manifest(run_dir: Path) -> Manifest:
+def read_manifest(run_dir: Path) -> RunManifest:
     path = RunPaths(Path(run_dir)).manifest
     try:
-        return Manifest.model_validate_json(path.read_bytes())
+        return RunManifest.model_validate_json(path.read_bytes())
     except FileNotFoundError:
         raise HarnessError(f"{run_dir}: not a run folder (no manifest.json)") from None
     except ValueError as exc:
         raise HarnessError(f"{path}: unreadable manifest: {str(exc).splitlines()[0]}") from None
-
-
-def write_manifest(run_dir: Path, manifest: Manifest) -> None:
-    atomic_write_json(RunPaths(Path(run_dir)).manifest, manifest)
 
 
 def read_point(path: Path) -> PointRecord | None:
@@ -137,12 +95,133 @@ def read_point(path: Path) -> PointRecord | None:
         return None
 
 
-def write_point(run_dir: Path, record: PointRecord) -> None:
-    atomic_write_json(RunPaths(Path(run_dir)).point_json(record.deployment, record.parallel), record)
-
-
 def iter_points(run_dir: Path) -> list[PointRecord]:
     """Every readable point.json of a run, by deployment then concurrency."""
     records = [r for p in sorted((Path(run_dir) / "points").glob("*/p*/point.json"))
                if (r := read_point(p)) is not None]
     return sorted(records, key=lambda r: (r.deployment, r.parallel))
+
+
+# ---- the run recorder ------------------------------------------------------------------------------
+
+class RunRecorder:
+    """The one owner of a run folder: opens or resumes it, records provenance once, each deployment
+    and point as typed records, and the final status by one rule. Every record passes through
+    redaction here, so no caller can forget it. Safe to use from several deployment threads."""
+
+    def __init__(self, paths: RunPaths, manifest: RunManifest):
+        self.paths = paths
+        self._manifest = manifest
+        self._lock = threading.RLock()
+
+    # ---- opening
+
+    @classmethod
+    def open(cls, root: Path, *, sweep_name: str, sweep_path: str, simulated: bool, gpus_per_server: int,
+             gpu_model: str | None, workload: WorkloadRecord, resolved_config: dict[str, Any],
+             deployments: dict[str, DeploymentRecord], points: dict[str, list[str]],
+             started_at: str | None = None) -> RunRecorder:
+        """Resume the run folder at `root` if it holds this sweep, else create it. A folder that holds
+        another sweep, or a measured run where this one is simulated (or the reverse), is refused."""
+        paths = RunPaths(Path(root))
+        if paths.manifest.exists():
+            manifest = read_manifest(paths.root)
+            if manifest.sweep_name != sweep_name or manifest.simulated != simulated:
+                kind = "simulated" if manifest.simulated else "measured"
+                raise HarnessError(f"{display_path(paths.root)} holds another run ({manifest.sweep_name}, {kind}); "
+                                   "choose another --run-id")
+            for name, record in deployments.items():  # a deployment added to the sweep since
+                manifest.deployments.setdefault(name, record)
+            for name, ids in points.items():
+                by_point = manifest.points.setdefault(name, {})
+                for point_id in ids:
+                    by_point.setdefault(point_id, "pending")
+            manifest.status, manifest.ended_at = "running", None
+            manifest.schema_version = SCHEMA_VERSION
+        else:
+            manifest = RunManifest(
+                schema_version=SCHEMA_VERSION, run_id=paths.run_id, sweep_name=sweep_name, sweep_path=sweep_path,
+                simulated=simulated, gpus_per_server=gpus_per_server, gpu_model=gpu_model, workload=workload,
+                resolved_config=redact_config(resolved_config), deployments=dict(deployments),
+                points={name: {pid: "pending" for pid in ids} for name, ids in points.items()},
+                started_at=started_at or utc_now_iso())
+        recorder = cls(paths, manifest)
+        recorder._write()
+        return recorder
+
+    # ---- reading
+
+    @property
+    def run_id(self) -> str:
+        return self.paths.run_id
+
+    def manifest(self) -> RunManifest:
+        with self._lock:
+            return self._manifest.model_copy(deep=True)
+
+    def point_ok(self, deployment: str, parallel: int) -> bool:
+        record = read_point(self.paths.point_json(deployment, parallel))
+        return record is not None and record.status in OK_STATUSES
+
+    # ---- recording
+
+    def _write(self) -> None:
+        atomic_write_json(self.paths.manifest, self._manifest)
+
+    def record_provenance(self, provenance: ProvenanceRecord, *, gpu_model: str | None = None) -> None:
+        with self._lock:
+            self._manifest.provenance = ProvenanceRecord.model_validate(
+                redact_config(provenance.model_dump(mode="json")))
+            self._manifest.gpu_model = self._manifest.gpu_model or gpu_model
+            self._write()
+
+    def update_workload(self, **fields: Any) -> None:
+        with self._lock:
+            self._manifest.workload = self._manifest.workload.model_copy(update=fields)
+            self._write()
+
+    def update_deployment(self, name: str, **fields: Any) -> None:
+        """Set fields of a deployment's record (validated against DeploymentRecord)."""
+        with self._lock:
+            current = self._manifest.deployments[name].model_dump()
+            current.update(redact_config(_plain(fields)))
+            self._manifest.deployments[name] = DeploymentRecord.model_validate(current)
+            self._write()
+
+    def count_restart(self, name: str) -> None:
+        with self._lock:
+            record = self._manifest.deployments[name]
+            self._manifest.deployments[name] = record.model_copy(update={"restarts": record.restarts + 1})
+            self._write()
+
+    def write_command(self, deployment: str, shell_line: str) -> None:
+        """command.txt: the server command as a person can re-run it (secrets masked)."""
+        atomic_write_text(self.paths.command_txt(deployment), redact_text(shell_line) + "\n")
+
+    def write_scrapes(self, deployment: str, parallel: int, lines: list[str]) -> None:
+        atomic_write_text(self.paths.scrapes_jsonl(deployment, parallel), "".join(lines))
+
+    def record_point(self, record: PointRecord) -> PointRecord:
+        """point.json (redacted) and the point's status in the manifest; returns what was written."""
+        clean = record.model_copy(update={
+            "schema_version": SCHEMA_VERSION, "evalscope_command": redact_argv(record.evalscope_command),
+            "server_log_tail": [redact_text(line) for line in record.server_log_tail],
+            "reason": redact_text(record.reason) if record.reason else record.reason})
+        with self._lock:
+            atomic_write_json(self.paths.point_json(record.deployment, record.parallel), clean)
+            self._manifest.points.setdefault(record.deployment, {})[record.point_id] = clean.status
+            self._write()
+        return clean
+
+    def finish(self, *, interrupted: bool = False, stopped_by_policy: bool = False,
+               ended_at: str | None = None) -> RunStatus:
+        with self._lock:
+            status = run_status(self._manifest.points, interrupted=interrupted, stopped_by_policy=stopped_by_policy)
+            self._manifest.status = status
+            self._manifest.ended_at = ended_at or utc_now_iso()
+            self._write()
+        return status
+
+
+def _plain(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.model_dump(mode="json") if hasattr(v, "model_dump") else v) for k, v in fields.items()}

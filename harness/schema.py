@@ -9,16 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
-
-def display_path(path: Path | str) -> str:
-    """A path as the user would type it: relative to the working folder when inside it."""
-    p = Path(path)
-    try:
-        rel = os.path.relpath(p.resolve(), Path.cwd())
-    except ValueError:
-        return str(p)
-    return str(p) if rel.startswith("..") else rel
-
+from harness.io import display_path
 
 # ---------------------------------------------------------------- sizes
 

@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from harness.errors import HarnessError
-from harness.records import PointRecord
-from harness.results import Manifest, RunPaths, atomic_write_text, iter_points, read_manifest
+from harness.io import atomic_write_text
+from harness.records import PointRecord, RunManifest
+from harness.results import RunPaths, iter_points, read_manifest
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -116,7 +117,7 @@ def summary_columns_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def _value(column: Column, point: PointRecord, manifest: Manifest) -> object:
+def _value(column: Column, point: PointRecord, manifest: RunManifest) -> object:
     if column.source == "run":
         if column.name == "run_id":
             return manifest.run_id
@@ -133,7 +134,7 @@ def _value(column: Column, point: PointRecord, manifest: Manifest) -> object:
     return getattr(point.summary, column.name) if point.summary is not None else None
 
 
-def point_row(point: PointRecord, manifest: Manifest) -> dict[str, object]:
+def point_row(point: PointRecord, manifest: RunManifest) -> dict[str, object]:
     row = {c.name: _value(c, point, manifest) for c in COLUMNS}
     row["run_id"] = manifest.run_id
     return row

@@ -3,7 +3,7 @@
 The numbers follow the blog's shape (8x H200, TP8, MTP3, 13-turn 74,160-token
 conversations, 220 output tokens): the offload baseline saturates at about four
 running requests while Hybrid HiSparse keeps admitting. Scrapes are generated per
-point on a 30 s grid with the vLLM metric names of FACTS.md §2, and each point's
+point on a 30 s grid with the vLLM metric names of docs/facts.md §2, and each point's
 metrics are computed from the scrapes written for it, so the two agree.
 """
 
@@ -14,8 +14,17 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.records import EvalScopeSummary, PointMetrics, PointRecord
-from harness.results import Manifest, RunPaths, write_manifest, write_point
+from harness.records import (
+    BuildRecord,
+    DeploymentRecord,
+    EvalScopeSummary,
+    GpuRecord,
+    PointMetrics,
+    PointRecord,
+    ProvenanceRecord,
+    WorkloadRecord,
+)
+from harness.results import RunPaths, RunRecorder
 
 HISPARSE = "tp8-hisparse384-native128"
 OFFLOAD = "tp8-offload512"
@@ -213,28 +222,31 @@ def make_run(results_root: Path, run_id: str = "run-a", *, deployments: tuple[st
     interactivity_drop=(dep, parallel, 0.2) lowers that point's interactivity by 20%;
     failed_point, tpot_disagree_at, restart_at, scrape_error_at name a (dep, parallel).
     """
-    paths = RunPaths(Path(results_root) / run_id)
-    paths.root.mkdir(parents=True, exist_ok=True)
+    needed = sum(n for _, n in points) + 52
+    recorder = RunRecorder.open(
+        Path(results_root) / run_id, sweep_name="glm53-tp8", sweep_path="sweeps/tp8.yaml", simulated=simulated,
+        gpus_per_server=gpus_per_server, gpu_model=gpu_model,
+        workload=WorkloadRecord(recipe="openhands-glm53", dataset_sha256=workload_hash, num_turns=TURNS,
+                                first_turn_length=FIRST_TURN_TOKENS, subsequent_turn_length=LATER_TURN_TOKENS,
+                                max_tokens=OUTPUT_TOKENS, conversations_built=conversations_built,
+                                conversations_needed=needed),
+        resolved_config={}, started_at="2026-05-28T02:13:20Z",
+        deployments={dep: DeploymentRecord(launch=f"launch/{dep}.yaml", engine="vllm",
+                                           build=BuildRecord(kind="pypi", spec="vllm==0.33.0",
+                                                             vllm_version="0.33.0"))
+                     for dep in deployments},
+        points={dep: [f"p{parallel}" for parallel, _ in points] for dep in deployments})
+    recorder.record_provenance(ProvenanceRecord(
+        harness_commit="d9ea2f4", evalscope_version="1.14.1",
+        gpu=GpuRecord(model=gpu_model, count=gpus_per_server, driver="580.82.07"), host_ram_gib=2015.6,
+        config_files={"sweeps/tp8.yaml": "3f1a9c0e"}))
+    paths = recorder.paths
     rng = random.Random(seed)
     t0 = 1_780_000_000.0
-    needed = sum(n for _, n in points) + 52
-    manifest = Manifest(
-        run_id=run_id, sweep_name="glm53-tp8", sweep_path="sweeps/tp8.yaml", simulated=simulated,
-        gpus_per_server=gpus_per_server, gpu_model=gpu_model,
-        workload={"recipe": "openhands-glm53", "dataset_hash": workload_hash, "turns": TURNS,
-                  "first_turn_tokens": FIRST_TURN_TOKENS, "later_turn_tokens": LATER_TURN_TOKENS,
-                  "max_tokens": OUTPUT_TOKENS, "conversations_built": conversations_built,
-                  "conversations_needed": needed, "dataset_path": f"datasets/built/{run_id}.json"},
-        provenance={"harness_commit": "d9ea2f4", "evalscope_version": "1.14.1",
-                    "gpu": {"model": gpu_model, "count": gpus_per_server, "driver": "580.82.07"},
-                    "host_ram_gib": 2015.6, "config_sha256": {"sweeps/tp8.yaml": "3f1a9c0e"}},
-        started_at="2026-05-28T02:13:20Z", status="completed")
     for dep in deployments:
         counters = _Counters()
         start_s = t0
         offset = 52
-        statuses: dict[str, str] = {}
-        restarts = 0
         for parallel, number in points:
             key = (dep, parallel)
             if key == failed_point:
@@ -249,14 +261,10 @@ def make_run(results_root: Path, run_id: str = "run-a", *, deployments: tuple[st
                     simulated=simulated, interactivity_factor=factor,
                     tpot_server_factor=1.25 if key == tpot_disagree_at else 1.02,
                     restart=key == restart_at, scrape_error=key == scrape_error_at)
-            restarts += int(record.server_restarted)
-            write_point(paths.root, record)
-            statuses[record.point_id] = record.status
+            if record.server_restarted:
+                recorder.count_restart(dep)
+            recorder.record_point(record)
             offset += number
             start_s = end_s + 5.0  # EvalScope's --sleep-interval between points
-        manifest.points[dep] = statuses
-        manifest.deployments[dep] = {"command": f"vllm serve zai-org/GLM-5.3 ... # {dep}",
-                                     "restarts": restarts, "vllm_version": "0.33.0"}
-    manifest.ended_at = "2026-05-28T05:40:02Z"
-    write_manifest(paths.root, manifest)
+    recorder.finish(ended_at="2026-05-28T05:40:02Z")
     return paths.root

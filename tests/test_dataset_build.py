@@ -23,8 +23,8 @@ from harness.dataset.verify import verify_dataset
 from harness.errors import HarnessError
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "datasets" / "samples" / "openhands-sample.jsonl"
-PAD_FILE = REPO / "datasets" / "samples" / "pad-reasoning.txt"
+SAMPLE = REPO / "harness" / "data" / "samples" / "openhands-sample.jsonl"
+PAD_FILE = REPO / "harness" / "data" / "samples" / "pad-reasoning.txt"
 
 
 @pytest.fixture(scope="module")

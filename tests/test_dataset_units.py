@@ -17,7 +17,7 @@ from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
 from harness.errors import HarnessError
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "datasets" / "samples" / "openhands-sample.jsonl"
+SAMPLE = REPO / "harness" / "data" / "samples" / "openhands-sample.jsonl"
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ def test_synthetic_pad_exact_deterministic_and_distinct(tok):
 
 
 def test_text_pool_spans_are_exact_disjoint_and_run_out(tok):
-    docs = iter(clean_pad_text(p) for p in (REPO / "datasets/samples/pad-reasoning.txt").read_text().split("\n\n"))
+    docs = iter(clean_pad_text(p) for p in (REPO / "harness/data/samples/pad-reasoning.txt").read_text().split("\n\n"))
     pool = TextPool(tok, docs)
     spans = []
     while (span := pool.take(500)) is not None:

@@ -51,6 +51,11 @@ def flag_pairs(argv: list[str]) -> set[tuple[str, str]]:
     return pairs
 
 
+def serve_argv(argv: list[str]) -> list[str]:
+    """`vllm serve MODEL ...` whatever program starts it (the plan names the build's interpreter)."""
+    return ["vllm", "serve", *argv[argv.index("serve") + 1:]]
+
+
 def _plan_json(*extra: str) -> dict:
     out = subprocess.run([sys.executable, "-m", "harness", "plan", "sweeps/tp8.yaml", "--json", *extra],
                          cwd=ROOT, capture_output=True, text=True, check=True)
@@ -63,8 +68,11 @@ def test_blog_branch_commands_carry_exactly_the_blog_flags():
     hisparse = by_name["tp8-hisparse384-native128"]
     baseline = by_name["tp8-offload512"]
     assert hisparse["dialect"] == "blog-branch"
-    assert flag_pairs(hisparse["server_argv"]) == flag_pairs(shlex.split(BLOG_HISPARSE))
-    assert flag_pairs(baseline["server_argv"]) == flag_pairs(shlex.split(_blog_baseline()))
+    assert flag_pairs(serve_argv(hisparse["server_argv"])) == flag_pairs(shlex.split(BLOG_HISPARSE))
+    assert flag_pairs(serve_argv(baseline["server_argv"])) == flag_pairs(shlex.split(_blog_baseline()))
+    # the plan resolved the build: the command runs the interpreter of the build's own environment
+    assert hisparse["server_argv"][0] == hisparse["build"]["python"]
+    assert hisparse["build"]["python"].endswith("/bin/python") and hisparse["build"]["kind"] == "git"
 
 
 def test_release_dialect_uses_multiconnector_and_reserve_full_isl():

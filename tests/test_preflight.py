@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from harness.config import LaunchProfile
-from harness.launch.preflight import run_preflight
 from harness.provenance import host_ram_gib
+from harness.servers.preflight import run_preflight
 
 
 def _profile(cpu_bytes: str) -> LaunchProfile:

@@ -64,7 +64,7 @@ def test_reuse_names_the_points_that_run_past_the_dataset(tmp_path):
 def test_manifest_restarts_and_failed_scrapes_are_reported(tmp_path):
     run = make_run(tmp_path, scrape_error_at=(OFFLOAD, 8))
     manifest = read_manifest(run)
-    manifest.deployments[OFFLOAD]["restarts"] = 2
+    manifest.deployments[OFFLOAD] = manifest.deployments[OFFLOAD].model_copy(update={"restarts": 2})
     kinds = {(w.kind, w.text.split(":")[0]) for w in collect_warnings(manifest, iter_points(run))}
     assert ("server restarted", f"`{OFFLOAD}`") in kinds
     assert ("failed scrapes", f"`{OFFLOAD}` c8") in kinds

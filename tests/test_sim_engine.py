@@ -9,8 +9,8 @@ import pytest
 from test_sim_support import REPO
 
 from harness.config import DatasetRecipe, LaunchProfile, load_launch
-from harness.sim.build import engine_config
 from harness.sim.engine import Engine, SimRequest
+from harness.sim.engine_config import engine_config
 from harness.sim.virtual import ConversationShape, run_point, shapes_from_recipe
 
 
@@ -134,7 +134,7 @@ def point(launch: str, parallel: int, number: int, shapes: list[ConversationShap
     samples: list[int] = []
     run = run_point(engine, shapes, parallel=parallel, number=number, max_tokens=max_tokens, start_s=0.0,
                     scrape_interval_s=0.05, on_scrape=lambda _t: samples.append(len(engine.running)))
-    from harness.sim.simulate import evalscope_like_summary
+    from harness.simulate import evalscope_like_summary
 
     summary = evalscope_like_summary(run)
     busy = [s for s in samples if s > 0]

@@ -18,7 +18,7 @@ from harness.sim.prompt import PromptMeasurer
 
 def write_sweep(tmp_path):
     recipe = {"name": "sim-sample-test", "tokenizer": str(default_tokenizer_path()),
-              "source": {"kind": "sample", "path": str(REPO / "datasets/samples/openhands-sample.jsonl")},
+              "source": {"kind": "sample", "path": str(REPO / "harness/data/samples/openhands-sample.jsonl")},
               "pad": {"kind": "synthetic"}, "first_turn_length": 3000, "subsequent_turn_length": 200,
               "num_turns": 4, "conversations": 64, "assumed_output_length": 32}
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
@@ -35,7 +35,7 @@ def write_sweep(tmp_path):
 
 def test_simulate_writes_a_simulated_run_folder(tmp_path):
     sweep = write_sweep(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results",
+    proc = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results-dir",
                            str(tmp_path / "results"), "--run-id", "v1"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -56,7 +56,7 @@ def test_simulate_writes_a_simulated_run_folder(tmp_path):
     assert "vllm:num_requests_running" in names and "vllm:hisparse_cache_hits_total" in names
     assert (run / "summary.csv").read_text().count("\n") == 5
     # deterministic: the same sweep gives the same points
-    again = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results",
+    again = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results-dir",
                             str(tmp_path / "results"), "--run-id", "v2"], cwd=REPO, capture_output=True,
                            text=True, timeout=300)
     assert again.returncode == 0
@@ -71,7 +71,7 @@ def test_simulate_refuses_a_measured_run_folder(tmp_path):
     run.mkdir(parents=True)
     (run / "manifest.json").write_text(json.dumps({"run_id": "real", "sweep_name": "sim-test", "sweep_path": "x",
                                                    "gpus_per_server": 8, "simulated": False}))
-    proc = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results",
+    proc = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results-dir",
                            str(tmp_path / "results"), "--run-id", "real"], cwd=REPO, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 2 and "choose another --run-id" in proc.stderr
@@ -94,8 +94,8 @@ def test_next_turn_hits_the_previous_prompt_blocks():
 
 def test_exposition_parses_with_the_harness_parser():
     from harness.config import load_launch
-    from harness.sim.build import engine_config
     from harness.sim.engine import Engine
+    from harness.sim.engine_config import engine_config
     from harness.sim.exposition import MetricsText
 
     profile = load_launch(REPO / "launch/sim-offload.yaml").profile

@@ -9,8 +9,9 @@ import pytest
 from run_fixtures import HISPARSE, OFFLOAD, make_run
 
 from harness.errors import HarnessError
+from harness.io import atomic_write_json
 from harness.records import EvalScopeSummary, PointMetrics
-from harness.results import read_point, write_point
+from harness.results import read_point
 from harness.summary import (
     load_runs,
     resolve_run_dir,
@@ -72,7 +73,7 @@ def test_a_stale_csv_is_not_trusted(tmp_path):
     point_path = run / "points" / OFFLOAD / "p8" / "point.json"
     point = read_point(point_path)
     point.metrics.interactivity_tok_s_user = 12.5
-    write_point(run, point)
+    atomic_write_json(run / "points" / point.deployment / point.point_id / "point.json", point)
     later = (run / "summary.csv").stat().st_mtime + 5
     os.utime(point_path, (later, later))
     df = load_runs([run])

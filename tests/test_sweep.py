@@ -24,8 +24,8 @@ pytestmark = pytest.mark.slow
 
 RECIPE = f"""
 name: tiny-sweep
-source: {{kind: sample, path: {ROOT}/datasets/samples/openhands-sample.jsonl}}
-tokenizer: {ROOT}/datasets/tokenizers/harness-bpe
+source: {{kind: sample, path: {ROOT}/harness/data/samples/openhands-sample.jsonl}}
+tokenizer: {ROOT}/harness/data/tokenizers/harness-bpe
 pad: {{kind: synthetic}}
 first_turn_length: 300
 subsequent_turn_length: 40
@@ -64,7 +64,7 @@ deployments:
 
 def sweep_argv(sweep: Path, run_id: str, launcher: str = "local", *extra: str) -> list[str]:
     return [sys.executable, "-m", "harness", "sweep", str(sweep), "--run-id", run_id,
-            "--results-dir", str(sweep.parent / "results"), "--launcher", launcher, *extra]
+            "--results-dir", str(sweep.parent / "results"), "--launcher", launcher, "--no-report", *extra]
 
 
 def run_sweep(sweep: Path, run_id: str, launcher: str = "local", *extra: str,

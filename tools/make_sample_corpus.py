@@ -9,7 +9,7 @@ Every byte is generated from a fixed seed, so rerunning the script reproduces th
 exactly. The text is invented (issue reports, bash calls, file views, pytest output,
 diffs); it only has to look like agent traffic to a tokenizer and to the builder.
 
-    python tools/make_sample_corpus.py            # writes datasets/samples/
+    python tools/make_sample_corpus.py            # writes harness/data/samples/
 """
 
 from __future__ import annotations

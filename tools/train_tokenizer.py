@@ -2,7 +2,7 @@
 
 It is trained on the shipped sample corpus (and pad text), so every offline path — the
 embedded default dataset, the simulated engine's token counts, the tests — counts tokens
-with one tokenizer. Output, under datasets/tokenizers/harness-bpe/:
+with one tokenizer. Output, under harness/data/tokenizers/harness-bpe/:
 tokenizer.json, tokenizer_config.json (with the chat template), special_tokens_map.json.
 
     python tools/make_sample_corpus.py && python tools/train_tokenizer.py

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from harness.calc.model import CalcError, CalcResult
-from harness.results import atomic_write_bytes
+from harness.calc.formulas import CalcError, CalcResult
+from harness.io import atomic_write_bytes
 
 HISPARSE_COLOR = "#008768"  # the page's colours, so the chart reads like the blog's
 BASELINE_COLOR = "#828282"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from harness.calc.model import CalcError, CalcResult
+from harness.calc.formulas import CalcError, CalcResult
 
 PLOT_STEP_TOKENS = 1024  # the page draws its chart every 1,024 tokens
 LIMITER_WORDS = {"baseline": "full residency", "gpu": "HBM", "host": "host pool",

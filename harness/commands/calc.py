@@ -6,6 +6,15 @@ import argparse
 import json
 import math
 
+from harness.calc import CalcInputs, calculate, calculate_range, find_crossover
+from harness.calc.render import (
+    format_range,
+    format_result,
+    parse_seq_range,
+    parse_tokens,
+    plot_grid,
+    table_grid,
+)
 from harness.errors import HarnessError
 
 # (flag, CalcInputs field, kind, help); numbers are read here, not by argparse, so that a bad
@@ -81,15 +90,6 @@ def _given_inputs(args: argparse.Namespace) -> dict[str, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.calc import CalcInputs, calculate, calculate_range, find_crossover
-    from harness.calc.render import (
-        format_range,
-        format_result,
-        parse_seq_range,
-        parse_tokens,
-        plot_grid,
-        table_grid,
-    )
 
     given = _given_inputs(args)
     if args.layout is not None and args.layout not in ("blog", "vllm"):

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.errors import HarnessError
+from harness.report.compare import compare_runs, write_reference
+from harness.summary import resolve_run_dir
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_ref", metavar="RUN", help="run folder, or a run id under results/")
@@ -20,9 +24,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.errors import HarnessError
-    from harness.report.compare import compare_runs, write_reference
-    from harness.summary import resolve_run_dir
 
     if args.reference is None and args.write_reference is None:
         raise HarnessError("give --reference REF to compare, or --write-reference OUT to write a reference")

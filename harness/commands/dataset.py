@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+from harness.config import LoadedRecipe, load_recipe
+from harness.dataset.cache import ensure_built
+from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
+from harness.dataset.verify import DEFAULT_MAX_SHARED_PREFIX_TOKENS, verify_dataset
+from harness.errors import HarnessError
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -35,9 +42,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from harness.config import LoadedRecipe, load_recipe
-    from harness.dataset.cache import ensure_built
-    from harness.errors import HarnessError
 
     loaded = load_recipe(args.recipe)
     if args.number is not None:
@@ -54,10 +58,7 @@ def run_build(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    import sys
 
-    from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
-    from harness.dataset.verify import DEFAULT_MAX_SHARED_PREFIX_TOKENS, verify_dataset
 
     tokenizer = load_tokenizer(args.tokenizer or default_tokenizer_path(), args.trust_remote_code)
     limit = args.max_shared_prefix if args.max_shared_prefix is not None else DEFAULT_MAX_SHARED_PREFIX_TOKENS

@@ -6,15 +6,16 @@ import argparse
 import json
 import shlex
 
-from harness.config import display_path, load_sweep
-from harness.plan import Plan, make_plan, planned_evalscope_argv
+from harness.commands.common import add_dialect
+from harness.config import load_sweep
+from harness.io import display_path
+from harness.plan import Plan, make_plan, planned_client_argv
 from harness.redact import redact_argv, redact_env
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("sweep", help="sweep file, e.g. sweeps/tp8.yaml")
-    parser.add_argument("--dialect", choices=["auto", "blog-branch", "release"], default=None,
-                        help="render HiSparse flags for this vLLM dialect (default: the profile's)")
+    add_dialect(parser, "render HiSparse flags for")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON for tools")
     parser.set_defaults(run=run)
 
@@ -31,6 +32,8 @@ def plan_as_dict(plan: Plan) -> dict:
         "sweep": sweep.name,
         "file": display_path(plan.sweep.path),
         "gpus_per_server": sweep.gpus_per_server,
+        "client": {"evalscope_version": plan.client.version, "source": plan.client.source,
+                   "program": list(plan.client.program)},
         "dataset": {"recipe": display_path(plan.dataset.recipe_path), "name": plan.dataset.recipe_name,
                     "conversations_needed": plan.dataset.conversations_needed,
                     "conversations_built": plan.dataset.conversations_built},
@@ -38,7 +41,9 @@ def plan_as_dict(plan: Plan) -> dict:
             "name": dep.name,
             "launch": display_path(dep.launch_path),
             "engine": dep.engine,
-            "dialect": dep.command.dialect,
+            "dialect": dep.dialect,
+            "build": None if dep.build is None else {"spec": dep.build.spec, "kind": dep.build.kind,
+                                                     "python": dep.build.python, "kernels": dep.build.kernels},
             "server_argv": redact_argv(dep.command.argv),
             "server_env": redact_env(dep.command.env),
             "server_command": dep.command.shell_line(),
@@ -46,7 +51,7 @@ def plan_as_dict(plan: Plan) -> dict:
                 "seq_len": dep.sizing.seq_len, "predicted_concurrency": dep.sizing.predicted_concurrency,
                 "baseline_concurrency": dep.sizing.baseline_concurrency, "layout": dep.sizing.layout},
             "points": [{"parallel": p.parallel, "number": p.number, "dataset_offset": p.dataset_offset,
-                        "evalscope_argv": redact_argv(planned_evalscope_argv(plan, dep, p))}
+                        "evalscope_argv": redact_argv(planned_client_argv(dep, p))}
                        for p in dep.points],
         } for dep in plan.deployments],
         "warnings": list(plan.warnings),
@@ -56,21 +61,26 @@ def plan_as_dict(plan: Plan) -> dict:
 def plan_as_text(plan: Plan) -> str:
     sweep = plan.sweep.sweep
     n_points = len(sweep.client.point_list)
+    client = plan.client
     lines = [f"Sweep {sweep.name} ({display_path(plan.sweep.path)}): {len(plan.deployments)} deployment(s) x "
              f"{n_points} point(s), {sweep.gpus_per_server} GPU(s) per server",
              f"Dataset: {display_path(plan.dataset.recipe_path)} ({plan.dataset.recipe_name}): "
              f"{plan.dataset.conversations_needed} conversations needed, recipe builds "
-             f"{plan.dataset.conversations_built}", ""]
+             f"{plan.dataset.conversations_built}",
+             f"Client: EvalScope {client.version or '?'} ({client.source})", ""]
     for dep in plan.deployments:
-        dialect = f", dialect {dep.command.dialect}" if dep.command.dialect else ""
+        dialect = f", dialect {dep.dialect}" if dep.dialect else ""
         lines.append(f"Deployment {dep.name} ({display_path(dep.launch_path)}, engine {dep.engine}{dialect})")
+        if dep.build is not None:
+            lines.append(f"  build: {dep.build.spec} ({dep.build.kind}; kernels {dep.build.kernels}; "
+                         f"python {dep.build.python or 'the vllm on PATH'})")
         lines.append(f"  server: {dep.command.shell_line()}")
         if dep.sizing is not None:
             lines.append(f"  sizing: about {dep.sizing.predicted_concurrency} concurrent requests fit at "
                          f"{dep.sizing.seq_len:,} tokens (plain GPU-resident KV: "
                          f"{dep.sizing.baseline_concurrency}; calculator, {dep.sizing.layout} layout)")
         for p in dep.points:
-            argv = redact_argv(planned_evalscope_argv(plan, dep, p))
+            argv = redact_argv(planned_client_argv(dep, p))
             lines.append(f"  c{p.parallel} (number {p.number}, offset {p.dataset_offset}): {shlex.join(argv)}")
         lines.append("")
     if plan.warnings:

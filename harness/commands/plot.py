@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.report.plots import default_plots_dir, plot_runs
+from harness.summary import resolve_run_dir
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN",
@@ -17,8 +20,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.report.plots import default_plots_dir, plot_runs
-    from harness.summary import resolve_run_dir
 
     run_dirs = [resolve_run_dir(r) for r in args.runs]
     out_dir = args.out or default_plots_dir(run_dirs)

@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness.report.markdown import collect_warnings, write_report
+from harness.report.plots import default_plots_dir, figures_present, plot_runs
+from harness.results import iter_points, read_manifest
+from harness.summary import resolve_run_dir
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_ref", metavar="RUN", help="run folder, or a run id under results/")
@@ -15,10 +20,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.report.markdown import collect_warnings, write_report
-    from harness.report.plots import default_plots_dir, figures_present, plot_runs
-    from harness.results import iter_points, read_manifest
-    from harness.summary import resolve_run_dir
 
     run_dir = resolve_run_dir(args.run_ref)
     plots_dir = args.plots or default_plots_dir([run_dir])

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 from pathlib import Path
 
-DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "launch" / "sim-hisparse.yaml"
+from harness.config import load_launch
+from harness.config.sim import SimSettings
+from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
+from harness.errors import HarnessError
+from harness.sim.server import SimServer, serve
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--launch", "--profile", dest="launch", type=Path, default=DEFAULT_PROFILE,
-                        help="launch profile to simulate (default: launch/sim-hisparse.yaml)")
+    parser.add_argument("--launch", "--profile", dest="launch", type=Path, required=True,
+                        help="launch profile to simulate, e.g. launch/sim-hisparse.yaml")
     parser.add_argument("--host", default=None, help="address to bind (default: the profile's, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default: the profile's, else 8000)")
     parser.add_argument("--time-scale", type=float, default=None,
@@ -19,13 +24,7 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
 
-    from harness.config import load_launch
-    from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
-    from harness.errors import HarnessError
-    from harness.sim.server import SimServer, serve
-    from harness.sim.settings import SimSettings
 
     profile = load_launch(args.launch).profile
     sim = profile.sim or SimSettings()

@@ -1,11 +1,16 @@
-"""`harness sweep SWEEP.yaml`: bring servers up, run every point, record everything, tear down."""
+"""`harness sweep SWEEP.yaml`: bring servers up, run every point, record everything, tear down, report."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-import time
-from pathlib import Path
+
+from harness.commands.common import add_dialect, add_no_report, add_results_dir, progress, write_run_outputs
+from harness.config import load_sweep
+from harness.io import display_path
+from harness.runner import SweepOptions, run_sweep
+from harness.servers.reaper import reap_stale_servers
+from harness.summary import summary_table, write_summary_csv
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -14,34 +19,28 @@ def register(parser: argparse.ArgumentParser) -> None:
                         "(default: sweep name + UTC time)")
     parser.add_argument("--launcher", choices=["ray", "local"], default="ray",
                         help="ray (default; RAY_ADDRESS or a local Ray) or local subprocesses")
-    parser.add_argument("--dialect", choices=["auto", "blog-branch", "release"], default=None,
-                        help="vLLM dialect for HiSparse flags (default: the profile's)")
+    add_dialect(parser, "render HiSparse flags for")
     parser.add_argument("--ray-gpus", type=int, default=None, metavar="N",
                         help="GPUs a locally started Ray declares (e.g. fake ones on a CPU-only host)")
-    parser.add_argument("--results-dir", type=Path, default=Path("results"), help="where run folders go")
+    add_results_dir(parser)
+    add_no_report(parser)
     parser.set_defaults(run=run)
 
 
-def _progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
 def run(args: argparse.Namespace) -> int:
-    from harness.config import display_path, load_sweep
-    from harness.launch.reaper import reap_stale_servers
-    from harness.runner import SweepOptions, run_sweep
-    from harness.summary import summary_table, write_summary_csv
-
     loaded = load_sweep(args.sweep)
     for killed in reap_stale_servers():
-        _progress(f"stopped a server left behind by an earlier harness: {killed}")
+        progress(f"stopped a server left behind by an earlier harness: {killed}")
     options = SweepOptions(run_id=args.run_id, results_root=args.results_dir, launcher=args.launcher,
                            dialect=args.dialect, ray_gpus=args.ray_gpus)
-    outcome = run_sweep(loaded, options, progress=_progress)
+    outcome = run_sweep(loaded, options, progress=progress)
     write_summary_csv(outcome.run_dir)
     print(summary_table(outcome.run_dir))
-    print(f"\nrun folder: {display_path(outcome.run_dir)}  ({outcome.ok} ok, {outcome.failed} failed, "
-          f"{outcome.skipped} skipped, {outcome.wall_s:.0f}s)")
     for failure in outcome.failures:
         print(f"  failed: {failure}", file=sys.stderr)
+    print(f"\nrun folder: {display_path(outcome.run_dir)}  ({outcome.ok} ok, {outcome.failed} failed, "
+          f"{outcome.skipped} skipped, {outcome.wall_s:.0f}s; status {outcome.status})")
+    if not args.no_report:
+        for line in write_run_outputs(outcome.run_dir):
+            print(line)
     return 1 if outcome.failed else 0

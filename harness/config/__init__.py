@@ -5,9 +5,17 @@ them; every problem is one `ConfigError` line naming the file and the field path
 (`sweeps/tp8.yaml: deployments[1].launch: no such file launch/x.yaml`).
 """
 
-from harness.config.launch import (
-    BLOG_BRANCH_REPO,
-    FIRST_HISPARSE_RELEASE,
+from harness.config.loading import (
+    ConfigError,
+    LoadedLaunch,
+    LoadedRecipe,
+    LoadedSweep,
+    load_launch,
+    load_recipe,
+    load_sweep,
+    read_yaml_mapping,
+)
+from harness.config.profile import (
     INVENTED_FLAG_VALUES,
     INVENTED_SERVE_KEYS,
     KV_CACHE_DTYPES,
@@ -20,26 +28,14 @@ from harness.config.launch import (
     ServeArgs,
     SpeculativeSettings,
 )
-from harness.config.loading import (
-    ConfigError,
-    LoadedLaunch,
-    LoadedRecipe,
-    LoadedSweep,
-    load_launch,
-    load_recipe,
-    load_sweep,
-    read_yaml_mapping,
-    sha256_file,
-)
 from harness.config.recipe import DatasetRecipe, PadSpec, SourceSpec, TokenizerSpec
 from harness.config.sweep import ClientSettings, DeploymentSpec, PointSpec, ScrapeSettings, SweepFile
-from harness.schema import display_path
 
 __all__ = [
-    "BLOG_BRANCH_REPO", "FIRST_HISPARSE_RELEASE", "INVENTED_FLAG_VALUES", "INVENTED_SERVE_KEYS",
+    "INVENTED_FLAG_VALUES", "INVENTED_SERVE_KEYS",
     "KV_CACHE_DTYPES", "BuildSpec", "ClientSettings", "ConfigError", "DatasetRecipe", "DeploymentSpec",
     "Dialect", "HiSparseSettings", "KVSettings", "LaunchProfile", "LoadedLaunch", "LoadedRecipe",
     "LoadedSweep", "OffloadSettings", "PadSpec", "PointSpec", "ScrapeSettings", "ServeArgs", "SourceSpec",
-    "SpeculativeSettings", "SweepFile", "TokenizerSpec", "display_path", "load_launch", "load_recipe",
-    "load_sweep", "read_yaml_mapping", "sha256_file",
+    "SpeculativeSettings", "SweepFile", "TokenizerSpec", "load_launch", "load_recipe",
+    "load_sweep", "read_yaml_mapping",
 ]

@@ -7,7 +7,6 @@ A user never sees a pydantic or YAML traceback: every problem becomes one
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +15,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from harness.config.launch import LaunchProfile
+from harness.config.profile import LaunchProfile
 from harness.config.recipe import DatasetRecipe
 from harness.config.sweep import SweepFile
 from harness.errors import HarnessError
-from harness.schema import display_path
+from harness.io import display_path
 
 
 class ConfigError(HarnessError):
@@ -192,6 +191,3 @@ def load_sweep(path: Path | str) -> LoadedSweep:
         files.extend(f for f in loaded.files if f not in files)
     return LoadedSweep(path=path, sweep=sweep, recipe=recipe, launches=launches, files=tuple(files))
 
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.config import LoadedRecipe, sha256_file
+from harness.config import LoadedRecipe
 from harness.dataset.builder import TurnLengths, build_conversations
 from harness.dataset.pads import make_pad_supply, pad_inputs_digest
 from harness.dataset.sources import read_hub_rows, read_jsonl_rows, select_trajectories
 from harness.dataset.tokenizer import Tokenizer, load_tokenizer_cached
 from harness.errors import HarnessError
-from harness.results import atomic_write_bytes
+from harness.io import atomic_write_bytes, sha256_file
 
 BUILDER_VERSION = 1
 PROMPT_TOKENS_RULE = ("turn 1: the chat template over turn 1's messages with the generation prompt; "

@@ -26,9 +26,9 @@ from typing import Any
 from urllib.parse import urlparse
 
 from harness.errors import HarnessError
+from harness.io import data_path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TOKENIZER_DIR = REPO_ROOT / "datasets" / "tokenizers" / "harness-bpe"
+DEFAULT_TOKENIZER_DIR = data_path("tokenizers", "harness-bpe")
 
 # Files whose bytes decide how text becomes tokens and how chats are rendered.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",

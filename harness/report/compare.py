@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.errors import HarnessError
-from harness.results import atomic_write_json, read_manifest
+from harness.io import atomic_write_json
+from harness.records import WorkloadRecord
+from harness.results import read_manifest
 
 REFERENCE_FORMAT = "harness-reference/1"
 DEFAULT_TOLERANCE = 0.10
@@ -74,17 +76,6 @@ class Reference:
                 "workload": self.workload, "deployments": deployments}
 
 
-# Not part of what a request looks like: where files lie, and how many conversations the
-# sweep's points happen to need (a shortened nightly sweep needs fewer of the same dataset).
-_NOT_IDENTITY = ("conversations_needed",)
-
-
-def workload_identity(workload: dict[str, Any]) -> dict[str, Any]:
-    """What makes two workloads the same experiment (manifest.workload minus paths and sweep shape)."""
-    return {k: v for k, v in sorted(workload.items())
-            if not k.endswith(("path", "dir")) and k not in _NOT_IDENTITY}
-
-
 def _float(value: object) -> float | None:
     if value is None:
         return None
@@ -108,7 +99,7 @@ def reference_from_run(run_dir: Path) -> Reference:
             values={m.name: _float(row[m.name]) for m in METRICS})
     return Reference(source=str(run_dir), run_id=manifest.run_id, gpu_model=manifest.gpu_model,
                      gpus_per_server=manifest.gpus_per_server, simulated=manifest.simulated,
-                     workload=workload_identity(manifest.workload), points=points)
+                     workload=manifest.workload.identity(), points=points)
 
 
 def reference_from_json(path: Path) -> Reference:
@@ -132,7 +123,7 @@ def reference_from_json(path: Path) -> Reference:
         return Reference(source=str(path), run_id=str(data.get("run_id", Path(path).stem)),
                          gpu_model=hardware.get("gpu_model"), gpus_per_server=int(hardware["gpus_per_server"]),
                          simulated=bool(hardware.get("simulated", False)),
-                         workload=workload_identity(data.get("workload") or {}), points=points)
+                         workload=WorkloadRecord.model_validate(data.get("workload") or {}).identity(), points=points)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise HarnessError(f"{path}: malformed reference JSON: {type(exc).__name__}: {exc}") from None
 

@@ -7,8 +7,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.records import PointRecord
-from harness.results import Manifest, RunPaths, atomic_write_text, iter_points, read_manifest
+from harness.io import atomic_write_text
+from harness.records import PointRecord, RunManifest
+from harness.results import RunPaths, iter_points, read_manifest
 
 TPOT_TOLERANCE = 0.10
 FIGURE_ORDER = ("pareto", "occupancy", "acceptance")
@@ -30,29 +31,19 @@ def _count(value: float | int | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def _restarts(entry: dict[str, object]) -> int:
-    restarts = entry.get("restarts", 0)
-    if isinstance(restarts, list):
-        return len(restarts)
-    try:
-        return int(restarts or 0)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        return 0
-
-
-def reused_points(manifest: Manifest, points: list[PointRecord]) -> list[int]:
+def reused_points(manifest: RunManifest, points: list[PointRecord]) -> list[int]:
     """Concurrencies whose conversations run past the built dataset, so they re-send ones already sent.
 
     EvalScope rotates the list by --dataset-offset (FACTS.md §6): a point reads
     conversations [offset, offset + number); past the end it reads the start again.
     """
-    built = manifest.workload.get("conversations_built")
-    if not isinstance(built, int) or built <= 0:
+    built = manifest.workload.conversations_built
+    if not built or built <= 0:
         return []
     return sorted({p.parallel for p in points if p.dataset_offset + p.number > built})
 
 
-def collect_warnings(manifest: Manifest, points: list[PointRecord]) -> list[ReportWarning]:
+def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[ReportWarning]:
     """Everything a reader must know before trusting the numbers of this run."""
     warnings: list[ReportWarning] = []
     recorded = {(p.deployment, p.point_id) for p in points}
@@ -64,9 +55,8 @@ def collect_warnings(manifest: Manifest, points: list[PointRecord]) -> list[Repo
             if (dep, point_id) not in recorded:
                 warnings.append(ReportWarning("missing point", f"`{dep}` {point_id.replace('p', 'c', 1)} has no point.json "
                                         f"(manifest says {status})"))
-    built = manifest.workload.get("conversations_built")
-    needed = manifest.workload.get("conversations_needed")
-    if isinstance(built, int) and isinstance(needed, int) and built < needed:
+    built, needed = manifest.workload.conversations_built, manifest.workload.conversations_needed
+    if built is not None and needed is not None and built < needed:
         reused = reused_points(manifest, points)
         who = (", ".join(f"c{c}" for c in reused) + (" re-sends" if len(reused) == 1 else " re-send")
                if reused else "some points re-send")
@@ -89,7 +79,7 @@ def collect_warnings(manifest: Manifest, points: list[PointRecord]) -> list[Repo
                 + (f" ({resets} counter reset{'s' if resets > 1 else ''} seen)" if resets else ""))))
     flagged = {p.deployment for p in points if p.server_restarted}
     for dep, entry in manifest.deployments.items():
-        restarts = _restarts(entry)
+        restarts = entry.restarts
         if restarts and dep not in flagged:
             warnings.append(ReportWarning("server restarted",
                                     f"`{dep}`: the server was restarted {restarts} time(s) during the run"))
@@ -142,32 +132,31 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _provenance(manifest: Manifest) -> list[str]:
+def _provenance(manifest: RunManifest) -> list[str]:
     rows = [("run id", manifest.run_id), ("sweep", f"{manifest.sweep_name} ({manifest.sweep_path})"),
             ("status", manifest.status), ("started", manifest.started_at or "-"),
             ("ended", manifest.ended_at or "-"),
             ("hardware", f"{manifest.gpu_model or 'unknown GPU'} x {manifest.gpus_per_server} per server"),
             ("simulated", "yes" if manifest.simulated else "no")]
-    rows += _flatten("", manifest.provenance)
-    rows += [(f"workload.{k}", v) for k, v in _flatten("", manifest.workload)]
+    rows += _flatten("", manifest.provenance.model_dump(mode="json", exclude_none=True))
+    rows += [(f"workload.{k}", v) for k, v in _flatten("", manifest.workload.model_dump(mode="json",
+                                                                                        exclude_none=True))]
     lines = ["| item | value |", "|---|---|"]
     lines += [f"| {k} | {_cell(str(v))} |" for k, v in rows]
     return lines
 
 
-def _deployments(run_dir: Path, manifest: Manifest) -> list[str]:
+def _deployments(run_dir: Path, manifest: RunManifest) -> list[str]:
     lines: list[str] = []
     for dep, entry in manifest.deployments.items():
         lines.append(f"### {dep}")
-        for key, value in entry.items():
-            if key == "command":
+        for key, value in entry.model_dump(mode="json", exclude_none=True).items():
+            if value in ({}, []):
                 continue
             lines.append(f"- {key}: {value if isinstance(value, str) else json.dumps(value)}")
         command_txt = RunPaths(run_dir).command_txt(dep)
-        command = command_txt.read_text(errors="replace").strip() if command_txt.is_file() else entry.get("command")
-        if command:
-            text = command if isinstance(command, str) else " ".join(str(a) for a in command)
-            lines += ["", "```", text, "```"]
+        if command_txt.is_file():
+            lines += ["", "```", command_txt.read_text(errors="replace").strip(), "```"]
         lines.append("")
     return lines
 

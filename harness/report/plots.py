@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from harness.io import atomic_write_bytes
 from harness.report.labels import Label, place_labels
 from harness.report.timeseries import DeploymentTimeline, load_timeline
-from harness.results import atomic_write_bytes, iter_points, read_manifest
+from harness.results import iter_points, read_manifest
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -335,11 +336,10 @@ def plot_runs(run_dirs: Iterable[Path | str], out_dir: Path, x: XAxis = "total")
 
 
 def default_plots_dir(run_dirs: Sequence[Path]) -> Path:
-    """plots/<run-id>/ beside results/ (several runs: plots/<first-run-id>+<N more>/)."""
+    """plots/<run-id>/ beside the results root (several runs: plots/<first-run-id>+<N more>/)."""
     first = Path(run_dirs[0])
     name = first.name if len(run_dirs) == 1 else f"{first.name}+{len(run_dirs) - 1}"
-    base = first.parent.parent / "plots" if first.parent.name == "results" else Path("plots")
-    return base / name
+    return first.parent.parent / "plots" / name
 
 
 def figures_present(plots_dir: Path) -> bool:

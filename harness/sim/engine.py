@@ -11,133 +11,36 @@ step took; the caller (the live server or the virtual-time driver) owns the cloc
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Literal
 
 from harness.errors import HarnessError
 from harness.sim.counters import EngineCounters, EngineGauges, EngineHistograms
-from harness.sim.kvpool import Block, PagePool
-from harness.sim.model import HardwareProfile, KVSizing, ModelProfile
+from harness.sim.kvpool import PagePool
+from harness.sim.residency import Residency
+from harness.sim.state import (
+    EngineConfig,
+    FinishedRequest,
+    KVPools,
+    Policy,
+    RequestState,
+    SimRequest,
+    StepResult,
+)
 from harness.sim.steptime import BatchItem, step_cost
 
-Policy = Literal["none", "offload", "hisparse"]
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    model: ModelProfile
-    hardware: HardwareProfile
-    sizing: KVSizing
-    policy: Policy
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    max_model_len: int
-    tensor_parallel_size: int = 1
-    enable_prefix_caching: bool = True
-    index_topk: int = 2048
-    num_speculative_tokens: int = 0
-    draft_acceptance: float = 0.8      # per draft position, given the previous one was accepted
-    offload_cpu_bytes: int | None = None   # the OffloadingConnector's pool (offload, and hisparse's 128 GiB)
-    offload_prompt_only: bool = True
-    host_pool_bytes: int | None = None     # HiSparse pinned host pool
-    hot_rows: int = 4096                   # HiSparse device_buffer_size
-    hisparse_miss_rate: float = 0.05
-    seed: int = 0
-
-    @property
-    def block_size(self) -> int:
-        return self.sizing.block_size_tokens
-
-    @property
-    def pool_pages(self) -> int:
-        return self.sizing.pool_hisparse_pages if self.policy == "hisparse" else self.sizing.pool_full_blocks
-
-    @property
-    def pages_per_kv_block(self) -> int:
-        return self.sizing.pages_per_full_block if self.policy == "hisparse" else 1
-
-    @property
-    def hot_pages_per_request(self) -> int:
-        m = self.model
-        return m.hot_groups * (math.ceil(self.hot_rows / self.block_size) + m.retained_pages)
-
-
-@dataclass(frozen=True)
-class SimRequest:
-    request_id: str
-    prompt_tokens: int
-    block_hashes: tuple[int, ...]   # one per full block of the prompt, each covering its whole prefix
-    max_tokens: int
-    output_tokens: int              # what it will generate (max_tokens with ignore_eos)
-
-
-@dataclass(frozen=True)
-class FinishedRequest:
-    request_id: str
-    prompt_tokens: int
-    output_tokens: int
-    arrival_s: float
-    first_scheduled_s: float
-    first_token_s: float
-    finished_s: float
-    preemptions: int
-    cached_tokens: int
-    finish_reason: str  # "length" or "stop"
-
-
-@dataclass(frozen=True)
-class StepResult:
-    start_s: float
-    duration_s: float
-    tokens: dict[str, int]          # request id -> tokens emitted at the end of the step
-    finished: list[FinishedRequest]
-    preempted: list[str]
-    scheduled_tokens: int
-    aborted: list[str] = field(default_factory=list)  # requests that can never fit the pool
-
-    @property
-    def end_s(self) -> float:
-        return self.start_s + self.duration_s
-
-
-@dataclass(eq=False)
-class RequestState:
-    req: SimRequest
-    arrival_s: float
-    order: int = 0                  # admission order: preemption takes the latest admitted
-    num_computed: int = 0
-    num_output: int = 0
-    mode: Literal["full", "mixed"] = "full"
-    kv_blocks: list[Block] = field(default_factory=list)
-    index_blocks: list[Block] = field(default_factory=list)
-    hot_blocks: list[Block] = field(default_factory=list)
-    host_blocks: list[Block] = field(default_factory=list)
-    hot_warm: bool = False
-    ready_at_s: float = 0.0
-    first_scheduled_s: float | None = None
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-    preemptions: int = 0
-    cached_tokens: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.req.prompt_tokens + self.num_output
-
+__all__ = ["Engine", "EngineConfig", "FinishedRequest", "Policy", "RequestState", "SimRequest", "StepResult"]
 
 class Engine:
     def __init__(self, config: EngineConfig):
-        from harness.sim import residency  # the policy half of the engine
-
         self.config = config
         self.gpu = PagePool(config.pool_pages)
         self.cpu: PagePool | None = None
         self.host: PagePool | None = None
         if config.offload_cpu_bytes and config.policy in ("offload", "hisparse"):
-            self.cpu = PagePool(config.offload_cpu_bytes // self.cpu_block_bytes)
+            cpu_block = (config.sizing.indexer_block_bytes if config.policy == "hisparse"
+                         else config.sizing.full_block_bytes)
+            self.cpu = PagePool(config.offload_cpu_bytes // cpu_block)
         if config.policy == "hisparse":
             if not config.host_pool_bytes:
                 raise HarnessError("the hisparse policy needs a host pool (kv.hisparse.host_pool_gib)")
@@ -145,10 +48,12 @@ class Engine:
             if config.hot_pages_per_request >= self.gpu.capacity_pages:
                 raise HarnessError(f"a HiSparse hot buffer ({config.hot_pages_per_request} pages) does not fit "
                                    f"the GPU pool ({self.gpu.capacity_pages} pages); shrink the hot rows")
-        self.residency = residency.Residency(self)
         self.waiting: deque[RequestState] = deque()
         self.running: list[RequestState] = []
         self.counters = EngineCounters()
+        self.pools = KVPools(config=config, gpu=self.gpu, cpu=self.cpu, host=self.host, counters=self.counters,
+                             running=self.running)
+        self.residency = Residency(self.pools)  # the policy half of the engine
         self.histograms = EngineHistograms()
         self._rng = random.Random(config.seed)
         self._order = 0
@@ -157,8 +62,7 @@ class Engine:
 
     @property
     def cpu_block_bytes(self) -> int:
-        s = self.config.sizing
-        return s.indexer_block_bytes if self.config.policy == "hisparse" else s.full_block_bytes
+        return self.pools.cpu_block_bytes
 
     # ---------------------------------------------------------------- interface
 

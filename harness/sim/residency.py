@@ -18,54 +18,52 @@ same rows, so a warm buffer misses only the rows new to the top-K, and 5% is our
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from harness.sim.engine import Engine, RequestState
+from harness.sim.state import KVPools, RequestState
 
 
 class Residency:
-    def __init__(self, engine: Engine):
-        self.e = engine
-        self.cfg = engine.config
-        self.bs = engine.config.block_size
+    def __init__(self, pools: KVPools):
+        self.pools = pools
+        self.config = pools.config
+        self.block_size = pools.config.block_size
 
     # ---------------------------------------------------------------- admission
 
     def admit(self, state: RequestState, budget: int, now_s: float) -> int | None:
         """Give a waiting request its KV; the tokens it computes this step (0 while loading), or None."""
-        e, cfg, bs = self.e, self.cfg, self.bs
+        pools, config, block_size = self.pools, self.config, self.block_size
         total = state.num_tokens
-        hashes = list(state.req.block_hashes[:(total - 1) // bs]) if cfg.enable_prefix_caching else []
-        gpu_hit = e.gpu.longest_prefix(hashes)
-        if cfg.policy == "hisparse":
+        hashes = list(state.req.block_hashes[:(total - 1) // block_size]) if config.enable_prefix_caching else []
+        gpu_hit = pools.gpu.longest_prefix(hashes)
+        if config.policy == "hisparse":
             host_hit = self._host_prefix(hashes)
             if host_hit > len(gpu_hit):
                 return self._start_mixed(state, hashes, host_hit, budget, now_s)
         for block in gpu_hit:
-            e.gpu.acquire(block)
+            pools.gpu.acquire(block)
         state.kv_blocks = list(gpu_hit)
-        computed = len(gpu_hit) * bs
+        computed = len(gpu_hit) * block_size
         loaded: list[int] = []
-        if cfg.policy == "offload" and e.cpu is not None:
-            loaded = hashes[len(gpu_hit):len(gpu_hit) + self._run_length(hashes[len(gpu_hit):], e.cpu)]
+        if config.policy == "offload" and pools.cpu is not None:
+            loaded = hashes[len(gpu_hit):len(gpu_hit) + self._run_length(hashes[len(gpu_hit):], pools.cpu)]
         n = 0 if loaded else min(total - computed, budget)
-        while not self._grow_full(state, computed + len(loaded) * bs + n):
-            if not (cfg.policy == "hisparse" and self.relieve(needed_by=None)):
+        while not self._grow_full(state, computed + len(loaded) * block_size + n):
+            if not (config.policy == "hisparse" and self.relieve(needed_by=None)):
                 self._drop(state)
-                if cfg.policy == "hisparse":
+                if config.policy == "hisparse":
                     return self._start_mixed(state, hashes, self._host_prefix(hashes), budget, now_s)
                 return None
         for i, h in enumerate(loaded):
-            e.gpu.set_hash(state.kv_blocks[len(gpu_hit) + i], h)
-        self._count_lookup(state, hits_tokens=computed, external_tokens=len(loaded) * bs)
-        state.num_computed = computed + len(loaded) * bs
+            pools.gpu.set_hash(state.kv_blocks[len(gpu_hit) + i], h)
+        self._count_lookup(state, hits_tokens=computed, external_tokens=len(loaded) * block_size)
+        state.num_computed = computed + len(loaded) * block_size
         state.cached_tokens = state.num_computed
         if loaded:
-            nbytes = len(loaded) * e.cpu_block_bytes
-            seconds = nbytes / cfg.hardware.h2d_bytes_per_s
-            e.counters.kv_offload_load_bytes += nbytes
-            e.counters.kv_offload_load_time_s += seconds
+            nbytes = len(loaded) * pools.cpu_block_bytes
+            seconds = nbytes / config.hardware.h2d_bytes_per_s
+            pools.counters.kv_offload_load_bytes += nbytes
+            pools.counters.kv_offload_load_time_s += seconds
             state.ready_at_s = now_s + seconds
         self.on_computed(state, 0)
         return n
@@ -73,19 +71,19 @@ class Residency:
     def _start_mixed(self, state: RequestState, hashes: list[int], hit_blocks: int, budget: int,
                      now_s: float) -> int | None:
         """No residency: the prefix lives only on the host; placeholders, index pages and a hot buffer."""
-        e, bs = self.e, self.bs
-        assert e.host is not None
-        computed = hit_blocks * bs
+        pools, block_size = self.pools, self.block_size
+        assert pools.host is not None
+        computed = hit_blocks * block_size
         n = min(state.num_tokens - computed, budget)
         state.mode = "mixed"
         for h in hashes[:hit_blocks]:
-            block = e.host.lookup(h)
+            block = pools.host.lookup(h)
             assert block is not None
-            e.host.acquire(block)
+            pools.host.acquire(block)
             state.host_blocks.append(block)
         hot = None
         while hot is None:
-            hot = e.gpu.allocate(1, self.cfg.hot_pages_per_request, "hot")
+            hot = pools.gpu.allocate(1, self.config.hot_pages_per_request, "hot")
             if hot is None and not self.relieve(needed_by=None):
                 self._drop(state)
                 return None
@@ -100,20 +98,20 @@ class Residency:
         state.hot_warm = False
         if hit_blocks:
             # the indexer KV of the prefix comes back from the offload connector's CPU pool
-            nbytes = hit_blocks * self.cfg.sizing.indexer_block_bytes
-            seconds = nbytes / self.cfg.hardware.h2d_bytes_per_s
-            e.counters.kv_offload_load_bytes += nbytes
-            e.counters.kv_offload_load_time_s += seconds
+            nbytes = hit_blocks * self.config.sizing.indexer_block_bytes
+            seconds = nbytes / self.config.hardware.h2d_bytes_per_s
+            pools.counters.kv_offload_load_bytes += nbytes
+            pools.counters.kv_offload_load_time_s += seconds
             state.ready_at_s = now_s + seconds
             return 0
         return n
 
     def _host_prefix(self, hashes: list[int]) -> int:
         """Blocks of the prefix HiSparse can start from: sparse rows in the host pool, indexer KV on CPU."""
-        e = self.e
-        assert e.host is not None
-        n = self._run_length(hashes, e.host)
-        return min(n, self._run_length(hashes, e.cpu)) if e.cpu is not None else 0
+        pools = self.pools
+        assert pools.host is not None
+        n = self._run_length(hashes, pools.host)
+        return min(n, self._run_length(hashes, pools.cpu)) if pools.cpu is not None else 0
 
     @staticmethod
     def _run_length(hashes: list[int], pool) -> int:
@@ -125,12 +123,12 @@ class Residency:
         return n
 
     def _count_lookup(self, state: RequestState, hits_tokens: int, external_tokens: int) -> None:
-        c = self.e.counters
-        c.prefix_cache_queries += state.num_tokens
-        c.prefix_cache_hits += hits_tokens
-        if self.e.cpu is not None:
-            c.external_prefix_cache_queries += state.num_tokens - hits_tokens
-            c.external_prefix_cache_hits += external_tokens
+        counters = self.pools.counters
+        counters.prefix_cache_queries += state.num_tokens
+        counters.prefix_cache_hits += hits_tokens
+        if self.pools.cpu is not None:
+            counters.external_prefix_cache_queries += state.num_tokens - hits_tokens
+            counters.external_prefix_cache_hits += external_tokens
 
     # ---------------------------------------------------------------- growth and pressure
 
@@ -140,47 +138,47 @@ class Residency:
         return self._grow_full(state, target_tokens)
 
     def _grow_full(self, state: RequestState, target_tokens: int) -> bool:
-        extra = math.ceil(target_tokens / self.bs) - len(state.kv_blocks)
+        extra = math.ceil(target_tokens / self.block_size) - len(state.kv_blocks)
         if extra <= 0:
             return True
-        blocks = self.e.gpu.allocate(extra, self.cfg.pages_per_kv_block, "kv")
+        blocks = self.pools.gpu.allocate(extra, self.config.pages_per_kv_block, "kv")
         if blocks is None:
             return False
         state.kv_blocks.extend(blocks)
         return True
 
     def _grow_mixed(self, state: RequestState, target_tokens: int) -> bool:
-        e = self.e
-        assert e.host is not None
-        need = math.ceil(target_tokens / self.bs)
+        pools = self.pools
+        assert pools.host is not None
+        need = math.ceil(target_tokens / self.block_size)
         extra_host = need - len(state.host_blocks)
-        if extra_host > 0 and not e.host.can_allocate(extra_host):
+        if extra_host > 0 and not pools.host.can_allocate(extra_host):
             return False
         extra = need - len(state.index_blocks)
         if extra > 0:
-            blocks = e.gpu.allocate(extra, 1, "index")
+            blocks = pools.gpu.allocate(extra, 1, "index")
             if blocks is None:
                 return False
             state.index_blocks.extend(blocks)
         if extra_host > 0:
-            state.host_blocks.extend(e.host.allocate(extra_host, 1, "kv") or [])
+            state.host_blocks.extend(pools.host.allocate(extra_host, 1, "kv") or [])
         return True
 
     def relieve(self, needed_by: RequestState | None) -> bool:
         """HiSparse under pressure: move the fully resident request that frees most pages to mixed
         residency (its rows are already mirrored on the host, so no copy). False when none would help."""
-        e, cfg = self.e, self.cfg
-        if cfg.policy != "hisparse":
+        pools, config = self.pools, self.config
+        if config.policy != "hisparse":
             return False
-        assert e.host is not None
+        assert pools.host is not None
         best, best_gain = None, 0
-        for s in e.running:
+        for s in pools.running:
             if s.mode != "full" or not s.kv_blocks:
                 continue
             freed = sum(b.pages for b in s.kv_blocks if b.ref_count == 1)
-            gain = freed - len(s.kv_blocks) - cfg.hot_pages_per_request
+            gain = freed - len(s.kv_blocks) - config.hot_pages_per_request
             unmirrored = len(s.kv_blocks) - len(s.host_blocks)
-            if gain > best_gain and e.host.can_allocate(max(0, unmirrored)):
+            if gain > best_gain and pools.host.can_allocate(max(0, unmirrored)):
                 best, best_gain = s, gain
         if best is None:
             return False
@@ -188,43 +186,43 @@ class Residency:
         return True
 
     def _spill(self, state: RequestState) -> None:
-        e = self.e
-        assert e.host is not None
+        pools = self.pools
+        assert pools.host is not None
         missing = len(state.kv_blocks) - len(state.host_blocks)
         if missing > 0:
-            state.host_blocks.extend(e.host.allocate(missing, 1, "kv") or [])
+            state.host_blocks.extend(pools.host.allocate(missing, 1, "kv") or [])
         n_blocks = len(state.kv_blocks)
-        e.gpu.release(state.kv_blocks)
+        pools.gpu.release(state.kv_blocks)
         state.kv_blocks = []
-        state.hot_blocks = e.gpu.allocate(1, self.cfg.hot_pages_per_request, "hot") or []
-        state.index_blocks = e.gpu.allocate(n_blocks, 1, "index") or []
+        state.hot_blocks = pools.gpu.allocate(1, self.config.hot_pages_per_request, "hot") or []
+        state.index_blocks = pools.gpu.allocate(n_blocks, 1, "index") or []
         state.mode = "mixed"
         state.hot_warm = False
-        e.counters.hisparse_spills += 1
+        pools.counters.hisparse_spills += 1
 
     # ---------------------------------------------------------------- completion and release
 
     def on_computed(self, state: RequestState, before_tokens: int) -> None:
         """Blocks completed in this step: hash them (prefix cache), store to CPU, mirror to the host."""
-        e, cfg, bs = self.e, self.cfg, self.bs
+        pools, config, block_size = self.pools, self.config, self.block_size
         hashes = state.req.block_hashes
-        for i in range(before_tokens // bs, state.num_computed // bs):
+        for i in range(before_tokens // block_size, state.num_computed // block_size):
             h = hashes[i] if i < len(hashes) else None
             if state.mode == "full" and h is not None and i < len(state.kv_blocks):
-                e.gpu.set_hash(state.kv_blocks[i], h)
-            if e.cpu is not None and h is not None and e.cpu.lookup(h) is None:
-                stored = e.cpu.allocate(1, 1, "kv")
+                pools.gpu.set_hash(state.kv_blocks[i], h)
+            if pools.cpu is not None and h is not None and pools.cpu.lookup(h) is None:
+                stored = pools.cpu.allocate(1, 1, "kv")
                 if stored is not None:
-                    e.cpu.set_hash(stored[0], h)
-                    e.cpu.release(stored)
-                    e.counters.kv_offload_store_bytes += e.cpu_block_bytes
-                    e.counters.kv_offload_store_time_s += e.cpu_block_bytes / cfg.hardware.d2h_bytes_per_s
-            if e.host is not None:
+                    pools.cpu.set_hash(stored[0], h)
+                    pools.cpu.release(stored)
+                    pools.counters.kv_offload_store_bytes += pools.cpu_block_bytes
+                    pools.counters.kv_offload_store_time_s += pools.cpu_block_bytes / config.hardware.d2h_bytes_per_s
+            if pools.host is not None:
                 self._mirror(state, i, h)
 
     def _mirror(self, state: RequestState, index: int, content_hash: int | None) -> None:
         """Eager host mirror of a completed block (mixed requests already own their host blocks)."""
-        host = self.e.host
+        host = self.pools.host
         assert host is not None
         if index < len(state.host_blocks):
             if content_hash is not None:
@@ -248,36 +246,36 @@ class Residency:
         state.mode = "full"
 
     def release(self, state: RequestState) -> None:
-        e = self.e
-        e.gpu.release(state.kv_blocks + state.index_blocks + state.hot_blocks)
-        if e.host is not None:
-            e.host.release(state.host_blocks)
+        pools = self.pools
+        pools.gpu.release(state.kv_blocks + state.index_blocks + state.hot_blocks)
+        if pools.host is not None:
+            pools.host.release(state.host_blocks)
         state.kv_blocks, state.index_blocks, state.hot_blocks, state.host_blocks = [], [], [], []
 
     # ---------------------------------------------------------------- per-step transfers
 
     def step_transfers(self, scheduled: list[tuple[RequestState, int]]) -> float:
         """Host-to-device bytes the step waits for: hot-buffer misses of mixed requests."""
-        cfg, c = self.cfg, self.e.counters
-        layers = cfg.model.num_layers
-        tail = cfg.model.retained_pages * self.bs
-        decode_tokens = 1 + cfg.num_speculative_tokens
+        config, counters = self.config, self.pools.counters
+        layers = config.model.num_layers
+        tail = config.model.retained_pages * self.block_size
+        decode_tokens = 1 + config.num_speculative_tokens
         total_bytes = 0.0
         for state, n in scheduled:
             if state.mode != "mixed":
                 continue
             context = state.num_computed + n
-            selected = min(cfg.index_topk, context)
+            selected = min(config.index_topk, context)
             host_only = max(0, state.num_computed - tail)
             from_host = selected * n * host_only / context if context else 0.0
             cold = (not state.hot_warm) or n > decode_tokens
-            misses = min(host_only, from_host) if cold else from_host * cfg.hisparse_miss_rate
+            misses = min(host_only, from_host) if cold else from_host * config.hisparse_miss_rate
             misses = int(round(misses))
             hits = max(0, selected * n - misses)
-            c.hisparse_cache_misses += misses * layers
-            c.hisparse_cache_hits += hits * layers
-            nbytes = misses * layers * cfg.sizing.sparse_row_bytes
-            c.hisparse_host_to_device_bytes += nbytes
+            counters.hisparse_cache_misses += misses * layers
+            counters.hisparse_cache_hits += hits * layers
+            nbytes = misses * layers * config.sizing.sparse_row_bytes
+            counters.hisparse_host_to_device_bytes += nbytes
             total_bytes += nbytes
             if n <= decode_tokens:
                 state.hot_warm = True
@@ -286,7 +284,7 @@ class Residency:
     # ---------------------------------------------------------------- invariants
 
     def check(self, state: RequestState) -> str:
-        need = math.ceil(state.num_computed / self.bs)
+        need = math.ceil(state.num_computed / self.block_size)
         rid = state.req.request_id
         if state.mode == "full":
             if len(state.kv_blocks) < need:
@@ -294,7 +292,7 @@ class Residency:
             return ""
         if len(state.index_blocks) < need:
             return f"{rid}: {len(state.index_blocks)} index pages for {state.num_computed} tokens"
-        if sum(b.pages for b in state.hot_blocks) != self.cfg.hot_pages_per_request:
+        if sum(b.pages for b in state.hot_blocks) != self.config.hot_pages_per_request:
             return f"{rid}: hot buffer of {sum(b.pages for b in state.hot_blocks)} pages"
         if len(state.host_blocks) < need:
             return f"{rid}: {len(state.host_blocks)} host blocks for {state.num_computed} tokens"

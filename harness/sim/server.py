@@ -20,12 +20,12 @@ from typing import Any
 from aiohttp import web
 
 from harness.config import LaunchProfile
+from harness.config.sim import SimSettings
 from harness.errors import HarnessError
-from harness.sim.build import engine_config
 from harness.sim.engine import Engine, FinishedRequest, SimRequest
+from harness.sim.engine_config import engine_config
 from harness.sim.exposition import MALFORMED_METRICS_TEXT, MetricsText
 from harness.sim.prompt import PromptMeasurer
-from harness.sim.settings import SimSettings
 
 FILLER_TEXT = (" The patch updates the parser, adds a regression test and keeps the public API unchanged;"
                " next I will run the test suite and check the logs for errors.")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.sim.model import GIB, HardwareProfile, ModelProfile
+from harness.sim.profiles import GIB, HardwareProfile, ModelProfile
 
 
 @dataclass(frozen=True)

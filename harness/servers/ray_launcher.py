@@ -29,7 +29,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from harness.errors import HarnessError
-from harness.launch.base import (
+from harness.servers.base import (
     LOG_TAIL_LINES,
     Launcher,
     LauncherClosed,
@@ -41,8 +41,8 @@ from harness.launch.base import (
     Teardown,
     read_log_tail,
 )
-from harness.launch.process import ServerProcess, http_healthy, pick_free_port, port_open, terminate_tree
-from harness.launch.reaper import Owner, start_tracked
+from harness.servers.process import ServerProcess, http_healthy, pick_free_port, port_open, terminate_tree
+from harness.servers.reaper import Owner, reap_stale_servers, start_tracked
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 _ACTOR_START_TIMEOUT_S = 120  # worker process start + the server's spawn, before readiness
@@ -84,8 +84,8 @@ class ServerActor:
         except HarnessError as exc:
             return StartFailure(f"preparing the node failed: {str(exc).splitlines()[0]}",
                                 read_log_tail(self._spec.log_path))
-        if prepared.python and self._spec.argv and prepared.python != self._spec.argv[0]:
-            self._spec = replace(self._spec, argv=[prepared.python, *self._spec.argv[1:]])
+        if prepared.env:  # e.g. the bundled kernels' folder on PYTHONPATH
+            self._spec = replace(self._spec, env={**self._spec.env, **prepared.env})
         return prepared
 
     def launch(self) -> ActorServerInfo | StartFailure:
@@ -268,7 +268,7 @@ class RayLauncher(Launcher):
     def __init__(self, address: str | None = None, *, num_gpus: int | None = None,
                  num_cpus: int | None = None, object_store_memory_bytes: int = 256 * 1024**2,
                  temp_dir: Path | None = None, placement_timeout_s: float = 120, stop_grace_s: float = 15):
-        super().__init__(stop_grace_s)
+        super().__init__(stop_grace_s, reaper=reap_stale_servers)
         self.placement_timeout_s = placement_timeout_s
         address = address if address is not None else os.environ.get("RAY_ADDRESS") or None
         if address not in (None, "local"):

@@ -17,15 +17,15 @@ import pytest
 from procutil import accepts, running
 
 from harness.errors import HarnessError
-from harness.launch.base import (
+from harness.servers.base import (
     LauncherClosed,
     ServerSpec,
     ServerStartError,
     read_log_tail,
     stop_servers_on_signal,
 )
-from harness.launch.local import LocalLauncher
-from harness.launch.reaper import read_pidfiles, reap_stale_servers
+from harness.servers.local import LocalLauncher
+from harness.servers.reaper import read_pidfiles, reap_stale_servers
 
 FAKE = Path(__file__).parent / "fixtures" / "servers" / "fake_openai.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -161,8 +161,8 @@ def test_stop_finds_children_that_left_the_session(tmp_path):
 _HARNESS_SCRIPT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from harness.launch.base import ServerSpec
-    from harness.launch.local import LocalLauncher
+    from harness.servers.base import ServerSpec
+    from harness.servers.local import LocalLauncher
     tmp = Path(sys.argv[1])
     spec = ServerSpec(name="orphan", argv=[sys.executable, sys.argv[2], "--port", "{port}", "--model", "m",
                                            "--spawn-children", "1", "--pid-file", str(tmp / "pids.json")],

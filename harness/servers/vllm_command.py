@@ -11,33 +11,17 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from harness.config import (
-    BLOG_BRANCH_REPO,
-    FIRST_HISPARSE_RELEASE,
-    ConfigError,
-    LaunchProfile,
-    LoadedLaunch,
-    ServeArgs,
-)
+from harness.config import LaunchProfile, ServeArgs
+from harness.io import compact_json
 from harness.redact import redact_argv, redact_env
-
-ResolvedDialect = Literal["blog-branch", "release"]
-PORT_PLACEHOLDER = "{port}"
-HOST_PLACEHOLDER = "{host}"
-# Commits of the blog branch named in the blog; any ref on the fork's hisparse branch counts too.
-BLOG_BRANCH_REFS = ("e8ef1e07bd", "hisparse-glm")
-
-
-def compact_json(obj: Any) -> str:
-    """JSON as vLLM flags want it: no spaces, keys in the order the harness built them."""
-    return json.dumps(obj, separators=(",", ":"))
+from harness.servers.base import PORT_PLACEHOLDER, fill_placeholders
+from harness.support import ResolvedDialect
 
 
 @dataclass(frozen=True)
@@ -45,57 +29,12 @@ class ServerCommand:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     dialect: ResolvedDialect | None = None  # None where the dialect does not matter (sim, no HiSparse)
-    notes: tuple[str, ...] = ()  # warnings about the rendering, e.g. a dialect forced against the build
 
     def shell_line(self, port: int | None = None, host: str | None = None) -> str:
         """One line a person can paste into a shell (placeholders filled where known), secrets masked."""
         argv = redact_argv(fill_placeholders(self.argv, host=host, port=port))
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(self.env).items()))
         return (env + " " if env else "") + shlex.join(argv)
-
-
-def fill_placeholders(argv: list[str], *, host: str | None, port: int | None) -> list[str]:
-    out = []
-    for arg in argv:
-        if port is not None:
-            arg = arg.replace(PORT_PLACEHOLDER, str(port))
-        if host is not None:
-            arg = arg.replace(HOST_PLACEHOLDER, host)
-        out.append(arg)
-    return out
-
-
-def _is_blog_branch(profile: LaunchProfile) -> bool:
-    build = profile.build
-    return build.kind == "git" and (
-        build.git_repo == BLOG_BRANCH_REPO or any(ref in (build.git_ref or "") for ref in BLOG_BRANCH_REFS))
-
-
-def resolve_dialect(loaded: LoadedLaunch, override: str | None = None) -> tuple[ResolvedDialect, list[str]]:
-    """The dialect to render, and notes where a forced dialect contradicts the build."""
-    profile, notes = loaded.profile, []
-    wanted = override if override not in (None, "auto") else profile.dialect
-    build = profile.build
-    if wanted != "auto":
-        if profile.kv.hisparse is not None:
-            if wanted == "blog-branch" and build.version is not None:
-                notes.append(f"dialect blog-branch forced on build {build.vllm}: released vLLM rejects "
-                             "hisparse_config.host_pool_gib")
-            if wanted == "release" and _is_blog_branch(profile):
-                notes.append(f"dialect release forced on the blog-branch build {build.vllm}: "
-                             "these flags need vLLM >= 0.30")
-        return wanted, notes  # type: ignore[return-value]
-    if _is_blog_branch(profile):
-        return "blog-branch", notes
-    if build.version is not None:
-        if build.version < FIRST_HISPARSE_RELEASE and profile.kv.hisparse is not None:
-            raise ConfigError(loaded.path, f"build {build.vllm} has no HiSparse: it first shipped in "
-                              "vLLM 0.30.0", "build")
-        return "release", notes
-    if profile.kv.hisparse is not None:
-        raise ConfigError(loaded.path, f"dialect auto cannot tell from build {build.vllm!r} how to "
-                          "enable HiSparse; set dialect: blog-branch or release", "dialect")
-    return "release", notes
 
 
 def _serve_flags(serve: ServeArgs) -> list[str]:
@@ -162,27 +101,24 @@ def _vllm_program(profile: LaunchProfile, python: str | None) -> list[str]:
     return ["vllm", "serve", profile.serve.model]
 
 
-def server_command(loaded: LoadedLaunch, *, dialect: str | None = None, python: str | None = None,
-                   port: int | str | None = None) -> ServerCommand:
-    """The argv that starts this profile's server.
+def server_command(profile: LaunchProfile, launch_path: Path, *, dialect: ResolvedDialect | None,
+                   python: str | None) -> ServerCommand:
+    """The argv that starts this profile's server, for a dialect the plan already resolved.
 
-    `python` is the interpreter of the build's environment (None: the `vllm` on PATH).
-    The port is the profile's, else the `{port}` placeholder a launcher fills in.
+    `python` is the interpreter of the build's environment (None: the `vllm` on PATH). The port is
+    the profile's, else the `{port}` placeholder a launcher fills in.
     """
-    profile = loaded.profile
-    port_arg = str(port if port is not None else (profile.port or PORT_PLACEHOLDER))
+    port_arg = str(profile.port or PORT_PLACEHOLDER)
     if profile.engine == "sim":
-        argv = [sys.executable, "-m", "harness", "serve-sim", "--launch", str(Path(loaded.path)),
+        argv = [sys.executable, "-m", "harness", "serve-sim", "--launch", str(Path(launch_path)),
                 "--host", profile.host, "--port", port_arg]
         return ServerCommand(argv=argv, env=dict(profile.env))
-    resolved, notes = resolve_dialect(loaded, dialect)
+    uses_hisparse = profile.kv.hisparse is not None
     argv = _vllm_program(profile, python)
     argv += ["--host", profile.host, "--port", port_arg]
     argv += _serve_flags(profile.serve)
-    argv += _kv_flags(profile, resolved)
+    argv += _kv_flags(profile, dialect or "release")
     if profile.speculative is not None:
         argv += ["--speculative-config", compact_json(profile.speculative.model_dump())]
     argv += list(profile.extra_args)
-    uses_hisparse = profile.kv.hisparse is not None
-    return ServerCommand(argv=argv, env=dict(profile.env), dialect=resolved if uses_hisparse else None,
-                         notes=tuple(notes))
+    return ServerCommand(argv=argv, env=dict(profile.env), dialect=dialect if uses_hisparse else None)

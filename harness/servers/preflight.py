@@ -13,8 +13,8 @@ from pathlib import Path
 
 from harness.calc import pinned_host_gib
 from harness.config import LaunchProfile
-from harness.provenance import gpu_info, host_ram_gib, utc_now_iso
-from harness.results import atomic_write_json
+from harness.io import atomic_write_json, utc_now_iso
+from harness.provenance import gpu_info, host_ram_gib
 
 PINNED_RAM_LIMIT = 0.95  # vLLM refuses a pinned pool above this share of available RAM
 MIN_FREE_DISK_GIB = 1.0  # logs, EvalScope databases and scrapes of a long sweep

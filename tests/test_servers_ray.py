@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -18,9 +19,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from harness.errors import HarnessError  # noqa: E402
-from harness.launch.base import PreparedServer, ServerSpec, ServerStartError  # noqa: E402
-from harness.launch.ray_launcher import RayLauncher  # noqa: E402
-from harness.launch.reaper import read_pidfiles  # noqa: E402
+from harness.servers.base import PreparedServer, ServerSpec, ServerStartError  # noqa: E402
+from harness.servers.ray_launcher import RayLauncher  # noqa: E402
+from harness.servers.reaper import read_pidfiles  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -55,8 +56,8 @@ def wait_gpus_free(expected: float = 2, timeout_s: float = 20) -> None:
 _INTERRUPTED_DRIVER = """
 import sys
 from pathlib import Path
-from harness.launch.base import ServerSpec, stop_servers_on_signal
-from harness.launch.ray_launcher import RayLauncher
+from harness.servers.base import ServerSpec, stop_servers_on_signal
+from harness.servers.ray_launcher import RayLauncher
 tmp, fake = Path(sys.argv[1]), sys.argv[2]
 spec = ServerSpec(name="slow", argv=[sys.executable, fake, "--port", "{port}", "--never-ready", "--spawn-children",
                                      "1", "--pid-file", str(tmp / "pids.json")],
@@ -207,9 +208,11 @@ def test_missing_executable_in_actor_is_a_clear_error(launcher, tmp_path):
     wait_gpus_free()
 
 
-def _prepare_ok() -> PreparedServer:
-    # runs inside the actor, on the server's node: where a vLLM build would be made
-    return PreparedServer(python=sys.executable, provenance={"built_on": ray.get_runtime_context().get_node_id()})
+def _prepare_ok(overlay: str) -> PreparedServer:
+    # runs inside the actor, on the server's node: where a vLLM build (and the bundled kernels' folder,
+    # which reaches the server through PYTHONPATH) would be made
+    return PreparedServer(python=sys.executable, provenance={"built_on": ray.get_runtime_context().get_node_id()},
+                          env={"PYTHONPATH": overlay})
 
 
 def _prepare_fails() -> PreparedServer:
@@ -221,13 +224,16 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 def test_the_server_node_prepares_its_build_first(launcher, tmp_path):
-    spec = fake_spec(tmp_path)
-    # argv[0] is a placeholder only the node's preparation can replace with a real interpreter
-    spec = replace(spec, argv=["/nonexistent/venv/bin/python", *spec.argv[1:]], prepare=_prepare_ok)
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    marker = tmp_path / "prepared-env-seen"
+    (overlay / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    spec = replace(fake_spec(tmp_path), prepare=functools.partial(_prepare_ok, str(overlay)))
     handle = launcher.start(spec)
     try:
         assert handle.build_provenance == {"built_on": handle.node_id}
         assert handle.healthy()
+        assert marker.exists()  # the environment the node's preparation gave reached the server process
     finally:
         handle.stop(grace_s=2)
     wait_gpus_free()

@@ -8,8 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from harness.config.sim import SimSettings
 from harness.schema import SizeBytes, StrictModel
-from harness.sim.settings import SimSettings
+from harness.support import bundled_kernels_refusal, is_blog_branch_ref, release_has_hisparse
 
 # Flags that circulated with the blog but that no vLLM has (FACTS.md §1). A user who
 # pastes them must be stopped, not silently run without them.
@@ -110,8 +111,6 @@ class SpeculativeSettings(StrictModel):
     num_speculative_tokens: int = Field(ge=1, le=16)
 
 
-BLOG_BRANCH_REPO = "neuralmagic/vllm"
-FIRST_HISPARSE_RELEASE = (0, 30, 0)
 _VERSION_RE = re.compile(r"^(?:(?P<pkg>[A-Za-z0-9_.-]+))?\s*==\s*(?P<ver>[0-9]+(?:\.[0-9]+)*)\s*$")
 
 
@@ -121,6 +120,9 @@ class BuildSpec(StrictModel):
     vllm: str = "system"
     cuda_arch: str | None = None
     build_command: str | None = None
+    kernels: Literal["vllm", "bundled"] = Field(
+        default="vllm", description="HiSparse kernels: vLLM's own, or the harness's bundled module "
+        "(kernels/hisparse), built into the server's environment")
 
     @field_validator("vllm")
     @classmethod
@@ -158,6 +160,10 @@ class BuildSpec(StrictModel):
     @property
     def git_ref(self) -> str | None:
         return self.vllm.split("@", 1)[1] if self.kind == "git" else None
+
+    @property
+    def blog_branch(self) -> bool:
+        return self.kind == "git" and is_blog_branch_ref(self.git_repo, self.git_ref)
 
 
 def _build_from_string(value: Any) -> Any:
@@ -202,15 +208,19 @@ class LaunchProfile(StrictModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> LaunchProfile:
-        version = self.build.version
         if self.kv.hisparse is not None and self.engine == "vllm":
-            if version is not None and version < FIRST_HISPARSE_RELEASE:
+            version = self.build.version
+            if version is not None and not release_has_hisparse(version):
                 raise ValueError(
                     f"build {self.build.vllm} has no HiSparse: it first shipped in vLLM 0.30.0; "
                     "use vllm>=0.30 or the blog branch neuralmagic/vllm@e8ef1e07bd, or drop kv.hisparse")
-            if self.dialect == "blog-branch" and self.kv.hisparse.device_buffer_size is not None:
-                raise ValueError("kv.hisparse.device_buffer_size is a released-vLLM setting; "
-                                 "the blog branch only takes host_pool_gib")
+        if self.build.kernels == "bundled":
+            refusal = bundled_kernels_refusal(blog_branch=self.build.blog_branch or self.dialect == "blog-branch")
+            if refusal:
+                raise ValueError(f"build.kernels: {refusal}")
+            if self.engine != "vllm":
+                raise ValueError("build.kernels: bundled kernels go into a vLLM server's environment; "
+                                 "the simulated engine has none")
         if self.engine == "sim" and self.sim is None:
             object.__setattr__(self, "sim", SimSettings())
         return self

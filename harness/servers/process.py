@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from harness.launch.base import ServerSpec, ServerStartError, Teardown, read_log_tail
 from harness.redact import redact_argv
+from harness.servers.base import ServerSpec, ServerStartError, Teardown, fill_placeholders, read_log_tail
 
 _PROC = Path("/proc")
 _POLL_S = 0.25
@@ -264,10 +264,6 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def render_argv(argv: list[str], host: str, port: int) -> list[str]:
-    return [a.replace("{port}", str(port)).replace("{host}", host) for a in argv]
-
-
 class ServerProcess:
     """The subprocess of one server start, its identity, and its teardown."""
 
@@ -290,7 +286,7 @@ class ServerProcess:
     @classmethod
     def start(cls, spec: ServerSpec, host: str, port: int) -> ServerProcess:
         """Spawn in a new session (own process group), output appended to spec.log_path."""
-        argv = render_argv(spec.argv, host, port)
+        argv = fill_placeholders(spec.argv, host=host, port=port)
         log_path = Path(spec.log_path)
         if port_open("127.0.0.1" if host in ("0.0.0.0", "") else host, port):
             # another server there would answer our readiness probes in this one's place

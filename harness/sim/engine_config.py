@@ -4,9 +4,9 @@ settings a vLLM arm takes, plus the `sim:` section's profiles and scaling knobs.
 from __future__ import annotations
 
 from harness.config import LaunchProfile
+from harness.config.sim import SimSettings
 from harness.sim.engine import EngineConfig, Policy
-from harness.sim.model import GIB, kv_sizing, load_hardware_profile, load_model_profile
-from harness.sim.settings import SimSettings
+from harness.sim.profiles import GIB, kv_sizing, load_hardware_profile, load_model_profile
 
 # vLLM's defaults for an OpenAI server on a datacenter GPU when the profile leaves them out
 DEFAULT_MAX_NUM_SEQS = 256

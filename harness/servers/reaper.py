@@ -15,10 +15,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.launch.base import DEFAULT_PID_DIR, ServerSpec, Teardown
-from harness.launch.process import ServerProcess, is_running, proc_info, process_tree, terminate_tree
+from harness.io import atomic_write_json
 from harness.redact import redact_argv
-from harness.results import atomic_write_json
+from harness.servers.base import DEFAULT_PID_DIR, ServerSpec, Teardown
+from harness.servers.process import ServerProcess, is_running, proc_info, process_tree, terminate_tree
 
 _ARGV_HEAD = 6
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness.launch.base import Launcher, LauncherClosed, ServerHandle, ServerSpec, ServerStopError
-from harness.launch.process import ServerProcess, http_healthy, pick_free_port
-from harness.launch.reaper import start_tracked
+from harness.servers.base import Launcher, LauncherClosed, ServerHandle, ServerSpec, ServerStopError
+from harness.servers.process import ServerProcess, http_healthy, pick_free_port
+from harness.servers.reaper import reap_stale_servers, start_tracked
 
 
 class LocalServerHandle(ServerHandle):
@@ -40,6 +40,9 @@ class LocalServerHandle(ServerHandle):
 
 class LocalLauncher(Launcher):
     """One server at a time on this machine (nodes_for is 1): GPUs are not partitioned here."""
+
+    def __init__(self, stop_grace_s: float = 15):
+        super().__init__(stop_grace_s, reaper=reap_stale_servers)
 
     def start(self, spec: ServerSpec) -> LocalServerHandle:
         if not self.accepting:

@@ -7,9 +7,8 @@
   command recorded; it needs nvcc and an NVIDIA GPU, and says what it would do where they lack.
 - `system`: the `vllm` already installed (on PATH, or importable by this interpreter).
 
-The check (`check_build`) imports vLLM in the build's interpreter and refuses, before any server
-starts, a build that cannot run the profile: HiSparse on a CPU build or a release before 0.30,
-missing HiSparse ops, a dialect the build does not speak (FACTS.md sections 2 and 8).
+Whether a made environment can run a profile is builds/check.py's question; this module only
+makes environments and finds them.
 """
 
 from __future__ import annotations
@@ -27,11 +26,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.builds.probe import BuildError, probe_build
 from harness.config import BuildSpec, LaunchProfile
-from harness.launch.base import PreparedServer
-from harness.launch.build_check import BuildError, BuildProbe, check_build, probe_build
-
-__all__ = ["BuildEnv", "BuildError", "BuildProbe", "check_build", "ensure_build", "env_dir_for"]
 
 Progress = Callable[[str], None]
 
@@ -262,7 +258,7 @@ def _build_into(spec: BuildSpec, tmp: Path, final: Path, progress: Progress) -> 
 
 
 def _system_build(spec: BuildSpec) -> BuildEnv:
-    python = _system_python()
+    python = system_python()
     probe = probe_build(python) if python else None
     version = probe.vllm_version if probe else _vllm_cli_version()
     if version is None:
@@ -276,7 +272,7 @@ def _system_build(spec: BuildSpec) -> BuildEnv:
                     torch_cuda=probe.torch_cuda if probe else None)
 
 
-def _system_python() -> str | None:
+def system_python() -> str | None:
     """The interpreter whose site-packages hold the `vllm` on PATH (read off its shebang)."""
     script = shutil.which("vllm")
     if script:
@@ -337,67 +333,10 @@ def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress
     return env
 
 
-
-# ---- wiring into a sweep ---------------------------------------------------------------------------
-
-def ensure_model(profile: LaunchProfile) -> str:
-    """The model the server loads; the tiny CPU model is generated where the profile names its path.
-
-    (serve.model is already expanded: vLLM takes a path as given, so `~` is resolved at load.)"""
-    from harness.launch.tiny_model import ensure_tiny_model, tiny_model_path
-
-    if Path(profile.serve.model) == tiny_model_path():
-        ensure_tiny_model()
-    return profile.serve.model
-
-
-def build_on_node(profile: LaunchProfile, dialect: str | None = None) -> PreparedServer:
-    """Make and check the profile's build where this runs (the server's node, under Ray)."""
-    env = ensure_build(profile)
-    check_build(profile, env, dialect)
-    ensure_model(profile)
-    return PreparedServer(python=env.python, provenance=env.provenance())
-
-
-def expected_python(profile: LaunchProfile) -> str | None:
-    """The interpreter a build will have, without building it: env paths are a pure function of
-    the spec, so the driver renders the same command the node will run."""
-    if profile.build.kind == "system":
-        return None
-    return str(_venv_python(env_dir_for(profile.build)))
-
-
-def prepare_builds(plan, names: set[str], dialect: str | None, progress: Progress = print,
-                   cache_dir: Path | None = None, build_here: bool = True):
-    """Build and check every vLLM deployment in `names`, before any server starts.
-
-    Returns the plan with each such deployment's command rendered for its build's interpreter,
-    and the builds by deployment name (their provenance goes into the manifest). With
-    build_here False (Ray), the builds are left to the nodes (`build_on_node`); the commands
-    are rendered for the interpreter those builds will have.
-    """
-    from dataclasses import replace
-
-    from harness.launch.vllm import server_command
-
-    builds: dict[str, BuildEnv] = {}
-    deployments = []
-    for dep in plan.deployments:
-        loaded = plan.sweep.launches[dep.name]
-        profile = loaded.profile
-        if dep.name not in names or profile.engine != "vllm":
-            deployments.append(dep)
-            continue
-        if not build_here:
-            command = server_command(loaded, dialect=dialect, python=expected_python(profile))
-            deployments.append(replace(dep, command=command))
-            continue
-        env = ensure_build(profile, cache_dir, progress)
-        check_build(profile, env, dialect)
-        progress(f"{dep.name}: build {env.spec}: {env.describe()}, torch {env.torch_version}"
-                 f"{' (reused)' if not env.created and env.kind != 'system' else ''}")
-        ensure_model(profile)
-        command = server_command(loaded, dialect=dialect, python=env.python)
-        builds[dep.name] = env
-        deployments.append(replace(dep, command=command))
-    return replace(plan, deployments=tuple(deployments)), builds
+def expected_python(spec: BuildSpec, envs_dir: Path | None = None) -> str | None:
+    """The interpreter a build has or will have, without building it: an environment's path is a pure
+    function of its spec, so the plan renders the command the server's node will run. None: the
+    `vllm` on PATH (a system build whose interpreter cannot be found)."""
+    if spec.kind == "system":
+        return system_python()
+    return str(_venv_python(env_dir_for(spec, envs_dir)))

@@ -1,6 +1,6 @@
 """A tiny Llama with random weights, made from the shipped tokenizer, for a real vLLM on CPU.
 
-Nothing is downloaded: the tokenizer is datasets/tokenizers/harness-bpe (its vocabulary sets the
+Nothing is downloaded: the tokenizer is harness/data/tokenizers/harness-bpe (its vocabulary sets the
 embedding size, its chat template comes along), the weights are numpy random numbers written
 with safetensors. The folder lands in ~/.cache/hisparse-harness/models/<hash> on first use,
 built in a temporary folder and renamed, so a half-written model is never served.
@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.io import data_path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TOKENIZER_DIR = REPO_ROOT / "datasets" / "tokenizers" / "harness-bpe"
+TOKENIZER_DIR = data_path("tokenizers", "harness-bpe")
 DEFAULT_MODELS_DIR = Path("~/.cache/hisparse-harness/models")
 # The stable name launch profiles use: a link to the folder of the current generator and tokenizer.
 TINY_MODEL_NAME = "tiny-llama-2l"

@@ -12,18 +12,34 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, Interrupted
 
 LOG_TAIL_LINES = 50
 DEFAULT_PID_DIR = Path("~/.cache/hisparse-harness/pids")
+# A server's argv may name its port and host before a launcher picks them on the server's node.
+PORT_PLACEHOLDER = "{port}"
+HOST_PLACEHOLDER = "{host}"
+
+
+def fill_placeholders(argv: list[str], *, host: str | None = None, port: int | None = None) -> list[str]:
+    """argv with the port and host placeholders filled where known (left as they are otherwise)."""
+    out = []
+    for arg in argv:
+        if port is not None:
+            arg = arg.replace(PORT_PLACEHOLDER, str(port))
+        if host is not None:
+            arg = arg.replace(HOST_PLACEHOLDER, host)
+        out.append(arg)
+    return out
 
 
 @dataclass(frozen=True)
 class PreparedServer:
     """What preparing a node produced: the interpreter to start the server with, and its provenance."""
 
-    python: str | None = None  # replaces argv[0] when set
+    python: str | None = None  # the build's interpreter: must be the argv[0] the plan rendered
     provenance: dict = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # added to the server's environment (e.g. kernels)
 
 
 @dataclass(frozen=True)
@@ -82,12 +98,8 @@ class LauncherClosed(ServerStartError):
         return (type(self), (self.name, self.log_path))
 
 
-class ServerInterrupt(KeyboardInterrupt):
+class ServerInterrupt(Interrupted):
     """SIGINT or SIGTERM arrived while servers were running; they are stopped on the way out."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(f"interrupted by {signal.Signals(signum).name}")
 
 
 @dataclass(frozen=True)
@@ -175,22 +187,23 @@ class Launcher(ABC):
 
     _accepting: bool = True
 
-    def __init__(self, stop_grace_s: float = 15):
+    def __init__(self, stop_grace_s: float = 15, reaper: Callable[[Path], list] | None = None):
         self.stop_grace_s = stop_grace_s
         self.reaped: list = []  # ReapedServer records of servers killed harnesses left behind
+        self._reaper = reaper  # reaper.reap_stale_servers, given by launchers that track pidfiles
         self._handles: list[ServerHandle] = []
         self._reaped_dirs: set[Path] = set()
         self._lock = threading.Lock()
 
     def _reap_once(self, pid_dir: Path) -> None:
         """Before the first server in a pid dir: stop leftovers of harnesses that were killed."""
-        from harness.launch.reaper import reap_stale_servers  # the reaper builds on this module
-
+        if self._reaper is None:
+            return
         with self._lock:
             if pid_dir in self._reaped_dirs:
                 return
             self._reaped_dirs.add(pid_dir)
-            self.reaped.extend(reap_stale_servers(pid_dir))
+            self.reaped.extend(self._reaper(pid_dir))
 
     @property
     def accepting(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.calc.model import (
+from harness.calc.formulas import (
     GIB,
     GPU_HBM_GB,
     VLLM_PINNED_FRACTION_LIMIT,

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import yaml
 from pydantic import Field, ValidationError
 
 from harness.errors import HarnessError
+from harness.io import data_path
 from harness.schema import StrictModel
 
-PROFILES_DIR = Path(__file__).resolve().parent / "profiles"
+PROFILES_DIR = data_path("sim")
 GIB = 2**30
 
 

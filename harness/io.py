@@ -1,0 +1,85 @@
+"""Small generic helpers every layer may use: atomic writes, hashing, paths for people, time stamps,
+compact JSON, and the data files shipped inside the package. Nothing here knows a harness type."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from datetime import UTC, datetime
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are for everyone on the machine to read
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """A pydantic model or plain data as indented JSON, atomically."""
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump(mode="json")
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def display_path(path: Path | str) -> str:
+    """A path as the user would type it: relative to the working folder when inside it."""
+    p = Path(path)
+    try:
+        rel = os.path.relpath(p.resolve(), Path.cwd())
+    except ValueError:
+        return str(p)
+    return str(p) if rel.startswith("..") else rel
+
+
+def utc_now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def iso_from_unix(unix_s: float) -> str:
+    return datetime.fromtimestamp(unix_s, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def compact_json(obj: Any) -> str:
+    """JSON as vLLM and EvalScope flags want it: no spaces, keys in the order they were built."""
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def data_path(*parts: str) -> Path:
+    """A file or folder shipped in the package's data/ (works from a checkout, a wheel or an sdist)."""
+    return Path(str(resources.files("harness").joinpath("data", *parts)))
+
+
+def package_version(name: str) -> str | None:
+    """The installed version of a distribution in this interpreter, or None."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None

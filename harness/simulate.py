@@ -1,0 +1,135 @@
+"""`simulate SWEEP.yaml`: every deployment of a sweep on the simulated engine in virtual time, written
+as a run folder by the same run recorder as a sweep (harness/results.py), marked simulated, so plot, report and
+compare read it unchanged. No EvalScope runs: the summary is computed as EvalScope computes it
+(FACTS.md §6), and the scrapes come from the engine's own /metrics text at virtual times."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from harness import provenance
+from harness.config import LoadedSweep
+from harness.io import iso_from_unix
+from harness.metrics.derive import derive_point_metrics
+from harness.metrics.prom import parse_exposition
+from harness.metrics.scrape import ScrapeRecord
+from harness.plan import make_plan
+from harness.records import EvalScopeSummary, PointRecord
+from harness.runner import open_recorder
+from harness.sim.engine import Engine
+from harness.sim.engine_config import engine_config
+from harness.sim.exposition import MetricsText
+from harness.sim.virtual import PointRun, run_point, shapes_from_recipe
+from harness.summary import write_summary_csv
+
+
+@dataclass(frozen=True)
+class SimulateOptions:
+    run_id: str | None = None
+    results_root: Path = Path("results")
+    start_unix_s: float | None = None  # virtual time 0 as a Unix time; default: now
+
+
+SIMULATED_NOTE = "virtual time (harness simulate); no GPU, no EvalScope"
+
+
+@dataclass
+class SimulateOutcome:
+    run_dir: Path
+    points: int
+    wall_s: float
+    simulated_s: float
+
+
+def evalscope_like_summary(run: PointRun) -> EvalScopeSummary:
+    """The summary EvalScope would write for these requests (its definitions, FACTS.md §6)."""
+    ok = [r for r in run.requests if r.ok]
+    duration = run.duration_s or 1e-9
+    tpots = [(r.end_s - r.first_token_s) / (r.output_tokens - 1) for r in ok
+             if r.first_token_s is not None and r.output_tokens > 1]
+    itls = [(r.end_s - r.first_token_s) / (r.chunks - 1) for r in ok
+            if r.first_token_s is not None and r.chunks > 1]
+    prompt = sum(r.prompt_tokens for r in ok)
+    output = sum(r.output_tokens for r in ok)
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    ttft = mean([r.first_token_s - r.start_s for r in ok if r.first_token_s is not None])
+    tpot = mean(tpots)
+    itl = mean(itls)
+    return EvalScopeSummary(
+        total_requests=len(run.requests), success_requests=len(ok), failed_requests=len(run.requests) - len(ok),
+        total_throughput_tok_s=(prompt + output) / duration, output_throughput_tok_s=output / duration,
+        request_throughput_req_s=len(ok) / duration,
+        mean_ttft_ms=None if ttft is None else ttft * 1000, mean_tpot_ms=None if tpot is None else tpot * 1000,
+        mean_itl_ms=None if itl is None else itl * 1000, mean_latency_s=mean([r.end_s - r.start_s for r in ok]),
+        mean_input_tokens=prompt / len(ok) if ok else None, mean_output_tokens=output / len(ok) if ok else None,
+        time_taken_s=run.duration_s, key_set=">=1.10")
+
+
+def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print) -> SimulateOutcome:
+    wall_start = time.monotonic()
+    plan = make_plan(loaded)
+    sweep = loaded.sweep
+    base_unix = options.start_unix_s if options.start_unix_s is not None else time.time()
+    run_id = options.run_id or f"{sweep.name}-sim-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    recorder = open_recorder(plan, Path(options.results_root) / run_id, simulated=True,
+                             engine_label="sim (virtual time)", started_at=iso_from_unix(base_unix))
+    recorder.record_provenance(provenance.collect(loaded, None, None, simulated=SIMULATED_NOTE))
+    recorder.update_workload(source="recipe shape (virtual time, no text)")
+    recipe = loaded.recipe.recipe
+    shapes = shapes_from_recipe(recipe, max(recipe.conversations, plan.dataset.conversations_needed))
+    keep = sweep.scrape.keep_prefixes
+    simulated_s = 0.0
+    written = 0
+    for dep in plan.deployments:
+        engine = Engine(engine_config(dep.profile))
+        text = MetricsText(engine, dep.served_model_name)
+        recorder.update_deployment(dep.name, policy=engine.config.policy)
+        now = 0.0
+        for point in dep.points:
+            records: list[ScrapeRecord] = []
+
+            def scrape(at_s: float, records=records, text=text) -> None:
+                index = len({r.scrape for r in records})
+                for s in parse_exposition(text.render().decode(), keep):
+                    records.append(ScrapeRecord(t=base_unix + at_s, scrape=index, name=s.name,
+                                                labels=s.labels, value=s.value))
+
+            offset = point.dataset_offset % len(shapes)
+            rotated = shapes[offset:] + shapes[:offset]
+            run = run_point(engine, rotated, parallel=point.parallel, number=point.number,
+                            max_tokens=sweep.client.max_tokens, start_s=now,
+                            scrape_interval_s=sweep.scrape.interval_s, on_scrape=scrape)
+            summary = evalscope_like_summary(run)
+            metrics = derive_point_metrics(records, summary, sweep.gpus_per_server)
+            failed = summary.failed_requests or 0
+            record = PointRecord(
+                deployment=dep.name, parallel=point.parallel, number=point.number,
+                dataset_offset=point.dataset_offset, status="ok" if not failed else "failed",
+                reason=f"{failed} requests never fit the KV pool" if failed else None,
+                started_at=iso_from_unix(base_unix + run.start_s), ended_at=iso_from_unix(base_unix + run.end_s),
+                started_unix_s=base_unix + run.start_s, ended_unix_s=base_unix + run.end_s,
+                wall_s=run.duration_s, simulated=True, gpus_per_server=sweep.gpus_per_server,
+                summary=summary, metrics=metrics)
+            recorder.write_scrapes(dep.name, point.parallel, [json.dumps(r.to_json()) + "\n" for r in records])
+            recorder.record_point(record)
+            written += 1
+            progress(f"simulate: {dep.name} c{point.parallel}: {record.status}, {run.duration_s:.1f} s simulated, "
+                     f"{_fmt(metrics.interactivity_tok_s_user)} tok/s/user, "
+                     f"{_fmt(metrics.total_tok_s_per_gpu)} tok/s/GPU, occupancy {_fmt(metrics.occupancy_mean_running)}")
+            now = run.end_s + 5.0  # EvalScope's default --sleep-interval between runs
+        simulated_s += now
+    recorder.finish(ended_at=iso_from_unix(base_unix + simulated_s))
+    write_summary_csv(recorder.paths.root)
+    return SimulateOutcome(run_dir=recorder.paths.root, points=written, wall_s=time.monotonic() - wall_start,
+                           simulated_s=simulated_s)
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
