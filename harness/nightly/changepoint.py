@@ -161,7 +161,7 @@ class ChangePoint:
         verdict = "" if self.worse is None else (", worse" if self.worse else ", better")
         return (f"{self.deployment} c{self.parallel} {self.metric}: {self.kind} from {where}, "
                 f"{self.before:,.4g} -> {self.after:,.4g} ({self.relative_change:+.1%}{verdict}, "
-                f"p={self.p_value:.3f})")
+                f"p={self.p_value:.2g})")
 
 
 def _trimmed(values: Sequence[float], settings: DetectorSettings) -> np.ndarray:

@@ -20,7 +20,7 @@ from pathlib import Path
 from harness.io import atomic_write_text
 from harness.nightly.changepoint import ChangePoint, history_change_points
 from harness.nightly.gate import GateResult, gate_history
-from harness.nightly.markdown import regression_report
+from harness.nightly.markdown import number, regression_report
 from harness.nightly.record import NightRecord
 from harness.nightly.store import NightStore
 from harness.nightly.svg import Marker, Series, TrendChart, render
@@ -149,8 +149,7 @@ def _night_page(night: NightRecord, result: GateResult, changes: Sequence[Change
              + "".join(f"<th>{escape(m)}</th>" for m in METRIC_BETTER) + "</tr>"]
     for dep, parallel in night.points():
         row = night.row(dep, parallel)
-        cells = "".join(f'<td class="num">{"-" if (v := getattr(row, m, None)) is None else f"{v:,.4g}"}</td>'
-                        for m in METRIC_BETTER)
+        cells = "".join(f'<td class="num">{number(getattr(row, m, None))}</td>' for m in METRIC_BETTER)
         body.append(f"<tr><td>{escape(dep)}</td><td class=\"num\">{parallel}</td>"
                     f"<td>{escape(str(row.status if row else '-'))}</td>{cells}</tr>")
     body.append("</table>")

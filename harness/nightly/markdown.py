@@ -16,7 +16,7 @@ _REASONS = {"threshold": "beyond threshold", "metric_missing": "metric missing",
             "hisparse_inactive": "HiSparse not active"}
 
 
-def _num(value: float | None) -> str:
+def number(value: float | None) -> str:
     """Four significant digits, thousands separated, never an exponent."""
     if value is None:
         return "-"
@@ -32,8 +32,8 @@ def findings_table(findings: Sequence[Finding]) -> list[str]:
              "|---|--:|---|--:|--:|--:|---|---|"]
     for f in findings:
         lines.append("| " + " | ".join(_cell(x) for x in (
-            f.deployment, "-" if f.parallel is None else str(f.parallel), f.metric or "-", _num(f.baseline),
-            _num(f.value), "-" if f.ratio is None else f"{f.ratio:.3f}x", f.threshold or "-",
+            f.deployment, "-" if f.parallel is None else str(f.parallel), f.metric or "-", number(f.baseline),
+            number(f.value), "-" if f.ratio is None else f"{f.ratio:.3f}x", f.threshold or "-",
             _REASONS[f.reason])) + " |")
     return lines
 
