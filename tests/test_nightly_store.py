@@ -115,3 +115,39 @@ def test_night_from_run_reads_rows_provenance_and_evidence(tmp_path: Path) -> No
 def test_night_from_a_folder_that_is_not_a_run_is_one_clear_error(tmp_path: Path) -> None:
     with pytest.raises(HarnessError, match="not a run folder"):
         night_from_run(tmp_path)
+
+
+def _command(module, argv: list[str]) -> int:
+    """A subcommand as the CLI runs it: its own parser, then run(); errors are HarnessError."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="harness")
+    module.register(parser)
+    args = parser.parse_args(argv)
+    return int(args.run(args) or 0)
+
+
+def test_history_and_dashboard_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from harness.commands import dashboard, history
+
+    results = tmp_path / "results"
+    first = make_run(results, "nightly-1")
+    (first / "report.md").write_text("# nightly-1\n")
+    store = str(tmp_path / "history")
+    assert _command(history, ["add", str(first), "--store", store]) == 0
+    assert "added night nightly-1" in capsys.readouterr().out
+    with pytest.raises(HarnessError, match="already in the history"):
+        _command(history, ["add", str(first), "--store", store])
+    assert NightStore(store).get("nightly-1").report_path == "artifacts/nightly-1/report.md"
+    assert _command(history, ["list", "--store", store]) == 0
+    listing = capsys.readouterr().out
+    assert "nightly-1" in listing and "8x NVIDIA H200" in listing and "pass" in listing
+    assert _command(history, ["show", "--store", store]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith("# Nightly pass: glm53-tp8 nightly-1") and "first night" in shown
+    with pytest.raises(HarnessError, match="no night 'nope'"):
+        _command(history, ["show", "nope", "--store", store])
+    assert _command(dashboard, ["--store", store, "--out", str(tmp_path / "site")]) == 0
+    assert "1 night(s), 12 chart(s)" in capsys.readouterr().out
+    assert (tmp_path / "site" / "nights" / "nightly-1.html").is_file()
+    assert (tmp_path / "site" / "artifacts" / "nightly-1" / "report.md").is_file()
