@@ -1,0 +1,385 @@
+"""The bundled HiSparse kernel module (kernels/hisparse): identity, builds, proofs.
+
+The module is built with a given interpreter (an environment that has torch) into an
+*overlay* folder: `pip install --target <overlay>`; a server started with
+PYTHONPATH=<overlay> finds the vLLM plugin entry point there. Overlays are cached under
+~/.cache/hisparse-harness/kernels/<key>, built in a temporary folder and renamed into
+place, so a half-built overlay is never used. This module imports no torch: everything
+that needs it runs in a subprocess of the target interpreter.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from harness.errors import HarnessError
+
+Progress = Callable[[str], None]
+
+KERNEL_SOURCE_DIR = Path(__file__).resolve().parents[2] / "kernels" / "hisparse"
+DEFAULT_CACHE_ROOT = Path("~/.cache/hisparse-harness")
+OVERLAY_RECIPE = 1  # bump when the build steps change
+DEV_RECIPE = 1
+DEV_PACKAGES = ("torch==2.13.0", "numpy", "pytest", "pytest-timeout", "hypothesis", "ninja", "setuptools")
+MARKER = "harness-kernel.json"
+PROBE_PREFIX = "HISPARSE_PROBE "
+IDENTITY_LINE = re.compile(r"hisparse_kernels (\S+) \(sha256 ([0-9a-f]{12})\) registered: (.+)")
+HEARTBEAT_S = 30.0
+# Build inputs: the same rule setup.py compiles into the library.
+HASHED_FILES = ("pyproject.toml", "setup.py")
+HASHED_DIRS = ("csrc", "hisparse_kernels")
+SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".o")
+OP_NAMES = ("hisparse_resolve_residency", "hisparse_invalidate_written_slots", "hisparse_gather_plan",
+            "hisparse_gather_compact")
+
+
+class KernelBuildError(HarnessError):
+    """A kernel build, probe or compile check that failed; the message names the log."""
+
+
+class KernelStep(NamedTuple):
+    argv: list[str]
+    why: str
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class KernelIdentity:
+    version: str
+    source_sha256: str
+    built_for: str  # cpu | cuda
+    cuda_arch: str | None
+
+    @staticmethod
+    def from_dict(raw: dict) -> KernelIdentity:
+        return KernelIdentity(raw["version"], raw["source_sha256"], raw["built_for"], raw.get("cuda_arch"))
+
+
+@dataclass(frozen=True)
+class KernelOverlay:
+    path: Path  # put on PYTHONPATH
+    identity: KernelIdentity
+    created: bool  # this call built it
+    build_s: float  # time of the build that made it
+
+
+@dataclass(frozen=True)
+class DispatchProof:
+    vllm_version: str | None
+    identity: KernelIdentity | None  # what the process loaded
+    reached: dict[str, bool]  # op -> its _C_cache_ops call ran bundled code
+    log_line: str | None  # the module's identity line, as logged
+    error: str | None = None
+    op_errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return (self.error is None and self.identity is not None and self.log_line is not None
+                and set(self.reached) == set(OP_NAMES) and all(self.reached.values()))
+
+    def why_not(self) -> str:
+        if self.ok:
+            return "all four ops reached the bundled kernels"
+        if self.error:
+            return self.error
+        missed = [f"{op} ({self.op_errors.get(op) or 'not counted'})" for op, hit in self.reached.items() if not hit]
+        if missed:
+            return "calls through _C_cache_ops did not reach the bundled kernels: " + "; ".join(missed)
+        return "no identity line was logged" if self.log_line is None else "no identity reported"
+
+
+@dataclass(frozen=True)
+class NvccCheck:
+    ok: bool
+    nvcc: str
+    seconds: float
+    commands: list[str]
+    log: str
+
+
+def require_source_dir(source_dir: Path | None = None) -> Path:
+    folder = source_dir or KERNEL_SOURCE_DIR
+    if not (folder / "setup.py").is_file():
+        raise KernelBuildError(f"kernel sources not found at {folder}: the harness needs its repository "
+                               "checkout (kernels/hisparse), which a non-editable install does not carry")
+    return folder
+
+
+def source_hash(source_dir: Path | None = None) -> str:
+    """sha256 over the build inputs: relative path and content hash of each, in path order."""
+    root = require_source_dir(source_dir)
+    files = [root / name for name in HASHED_FILES if (root / name).is_file()]
+    for folder in HASHED_DIRS:
+        files += [p for p in (root / folder).rglob("*")
+                  if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(SKIPPED_SUFFIXES)]
+    digest = hashlib.sha256()
+    for path in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def module_version(source_dir: Path | None = None) -> str:
+    text = (require_source_dir(source_dir) / "hisparse_kernels" / "_version.py").read_text(encoding="utf-8")
+    found = re.search(r'__version__ = "([^"]+)"', text)
+    if not found:
+        raise KernelBuildError("kernels/hisparse/hisparse_kernels/_version.py has no __version__ line")
+    return found.group(1)
+
+
+# ---- build steps ---------------------------------------------------------------------------------
+
+_COPY = ("import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True, ignore="
+         "shutil.ignore_patterns('build', '*.egg-info', '__pycache__', '*.so', '*.o', 'tests'))")
+_REMOVE = "import shutil, sys; shutil.rmtree(sys.argv[1], ignore_errors=True)"
+
+
+def kernel_build_steps(python: str, overlay_dir: Path, cuda_arch: str | None,
+                       source_dir: Path | None = None) -> list[KernelStep]:
+    """Commands that build the module with `python` into `overlay_dir` (CUDA when cuda_arch is set)."""
+    src = require_source_dir(source_dir)
+    staged = overlay_dir / ".hisparse-src"
+    env = {"HISPARSE_BUILD_CUDA": "1" if cuda_arch else "0", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if cuda_arch:
+        env["TORCH_CUDA_ARCH_LIST"] = cuda_arch
+    what = f"CUDA for sm {cuda_arch}" if cuda_arch else "CPU only"
+    return [
+        KernelStep([python, "-c", _COPY, str(src), str(staged)],
+                   "copy the kernel sources, so concurrent builds never share a build folder", {}),
+        KernelStep([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-input",
+                    "--target", str(overlay_dir), str(staged)],
+                   f"build hisparse_kernels ({what}) against this environment's torch", env),
+        KernelStep([python, "-c", _REMOVE, str(staged)], "drop the staged sources and objects", {}),
+    ]
+
+
+def dropin_steps(vllm_src: Path, source_dir: Path | None = None) -> list[KernelStep]:
+    """Commands that put the bundled kernels in a vLLM source tree before it is compiled."""
+    src = require_source_dir(source_dir) / "csrc"
+    found = sorted(p for p in (vllm_src / "csrc").rglob("hisparse_kernels.cu")) if (vllm_src / "csrc").is_dir() else []
+    if len(found) != 1:
+        raise KernelBuildError(f"{vllm_src}: expected one csrc/**/hisparse_kernels.cu to replace, found "
+                               f"{len(found)}; this vLLM has no (or an unknown) HiSparse kernel file")
+    target = found[0]
+    headers = sorted(str(p) for p in src.iterdir() if p.suffix in (".h", ".cuh"))
+    return [
+        KernelStep(["mkdir", "-p", str(target.parent / "hisparse_bundled")],
+                   "make room for the bundled kernel headers beside vLLM's file", {}),
+        KernelStep(["cp", "-f", *headers, str(target.parent / "hisparse_bundled")],
+                   "copy the bundled kernels' headers", {}),
+        KernelStep(["cp", "-f", str(src / "vllm_dropin" / "hisparse_kernels.cu"), str(target)],
+                   f"replace vLLM's {target.relative_to(vllm_src)} with the bundled drop-in", {}),
+    ]
+
+
+# ---- running steps --------------------------------------------------------------------------------
+
+def _run(step: KernelStep, log_path: Path, progress: Progress | None, label: str) -> None:
+    if progress:
+        progress(f"{label}: {step.why}")
+    started = time.monotonic()
+    with log_path.open("a", encoding="utf-8") as log:
+        log.write(f"\n$ {' '.join(step.argv)}\n")
+        log.flush()
+        try:
+            proc = subprocess.Popen(step.argv, env={**os.environ, **step.env}, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        except OSError as exc:
+            raise KernelBuildError(f"{label}: cannot run {step.argv[0]}: {exc}") from None
+        next_beat = started + HEARTBEAT_S
+        while proc.poll() is None:
+            time.sleep(0.2)
+            if progress and time.monotonic() >= next_beat:
+                next_beat += HEARTBEAT_S
+                progress(f"{label}: still building ({time.monotonic() - started:.0f}s)")
+    if proc.returncode != 0:
+        tail = " | ".join(log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:])
+        raise KernelBuildError(f"{label}: {step.why} failed (exit {proc.returncode}; log {log_path}): {tail[-300:]}")
+
+
+def _python_facts(python: str, code: str) -> str:
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelBuildError(f"cannot run {python}: {exc}") from None
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KernelBuildError(f"{python} failed: {last}")
+    return out.stdout.strip()
+
+
+def torch_version_of(python: str) -> str:
+    """The torch version installed for `python`, read without importing torch."""
+    return _python_facts(python, "import importlib.metadata as m; print(m.version('torch'))")
+
+
+def read_identity(python: str, overlay: Path) -> KernelIdentity:
+    code = "import json, hisparse_kernels as hk; print(json.dumps(hk.identity().__dict__))"
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(overlay)})
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        raise KernelBuildError(f"the kernel overlay {overlay} does not load in {python}: {last}")
+    return KernelIdentity.from_dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def overlay_key(source_sha256: str, torch_version: str, python_version: str, cuda_arch: str | None) -> str:
+    material = {"recipe": OVERLAY_RECIPE, "source": source_sha256, "torch": torch_version,
+                "python": python_version, "cuda_arch": cuda_arch}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None,
+                          cache_root: Path | None = None, progress: Progress | None = None,
+                          source_dir: Path | None = None) -> KernelOverlay:
+    """The overlay for this interpreter, torch and arch, built once and reused."""
+    src = require_source_dir(source_dir)
+    sha = source_hash(src)
+    py_version = _python_facts(python, "import sys; print('%d.%d' % sys.version_info[:2])")
+    key = overlay_key(sha, torch_version, py_version, cuda_arch)
+    root = (cache_root or DEFAULT_CACHE_ROOT).expanduser() / "kernels"
+    final = root / key
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f".{key}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds it built
+        if (final / MARKER).is_file():
+            marker = json.loads((final / MARKER).read_text(encoding="utf-8"))
+            return KernelOverlay(final, KernelIdentity.from_dict(marker["identity"]), False, marker["build_s"])
+        shutil.rmtree(final, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}.tmp-"))
+        log_path = root / f"{key}.build.log"
+        log_path.write_text(f"# kernels for {python} (torch {torch_version}, arch {cuda_arch})\n", encoding="utf-8")
+        started = time.monotonic()
+        try:
+            for step in kernel_build_steps(python, tmp, cuda_arch, src):
+                _run(step, log_path, progress, f"kernels {key}")
+            identity = read_identity(python, tmp)
+            if identity.source_sha256 != sha or identity.built_for != ("cuda" if cuda_arch else "cpu"):
+                raise KernelBuildError(f"the built kernels report {identity}, expected sha256 {sha[:12]} "
+                                       f"for {'cuda' if cuda_arch else 'cpu'} (log {log_path})")
+            build_s = round(time.monotonic() - started, 1)
+            (tmp / MARKER).write_text(json.dumps({"identity": identity.__dict__, "build_s": build_s, "python": python,
+                                                  "torch": torch_version}, indent=2), encoding="utf-8")
+            shutil.move(str(log_path), tmp / "build.log")
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return KernelOverlay(final, identity, True, build_s)
+
+
+def ensure_kernel_dev_env(cache_root: Path | None = None, progress: Progress | None = None,
+                          source_dir: Path | None = None) -> Path:
+    """Python of a cached venv with CPU torch, numpy, pytest, hypothesis and the module (CPU)."""
+    root = (cache_root or DEFAULT_CACHE_ROOT).expanduser() / "kernel-dev"
+    material = {"recipe": DEV_RECIPE, "packages": DEV_PACKAGES, "python": "{}.{}".format(*sys.version_info[:2])}
+    env_dir = root / hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    python = env_dir / "bin" / "python"
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / f".{env_dir.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (env_dir / MARKER).is_file():  # the marker is written last: no marker, no env
+            shutil.rmtree(env_dir, ignore_errors=True)
+            env_dir.mkdir(parents=True)
+            log_path = env_dir / "build.log"
+            for step in [KernelStep([sys.executable, "-m", "venv", str(env_dir)], "create the venv", {}),
+                         KernelStep([str(python), "-m", "pip", "install", "--no-input", *DEV_PACKAGES],
+                                    "install CPU torch and the test tools", {})]:
+                _run(step, log_path, progress, "kernel dev env")
+            torch_version = torch_version_of(str(python))
+            if "+cpu" not in torch_version:
+                raise KernelBuildError(f"the kernel dev env got torch {torch_version}, not a CPU build (log "
+                                       f"{log_path}); a CPU wheel of torch 2.13.0 must be installable here")
+            (env_dir / MARKER).write_text(json.dumps({"torch": torch_version}), encoding="utf-8")
+    torch_version = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))["torch"]
+    overlay = ensure_kernel_overlay(str(python), torch_version, None, cache_root, progress, source_dir)
+    site = Path(_python_facts(str(python), "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+    pointer = site / "hisparse_kernels_overlay.pth"
+    if not pointer.is_file() or pointer.read_text(encoding="utf-8").strip() != str(overlay.path):
+        staged = site / ".hisparse_kernels_overlay.pth.tmp"
+        staged.write_text(f"{overlay.path}\n", encoding="utf-8")
+        os.replace(staged, pointer)  # atomic: a concurrent reader sees the old or the new overlay
+    return python
+
+
+# ---- proofs and checks ------------------------------------------------------------------------------
+
+def probe_dispatch(python: str, overlay: Path, env: dict[str, str] | None = None,
+                   timeout_s: float = 300.0) -> DispatchProof:
+    """In `python` with the overlay: import vLLM, load its plugins, call the four ops via _C_cache_ops."""
+    path = os.pathsep.join(filter(None, [str(overlay), (env or {}).get("PYTHONPATH")]))
+    run_env = {**os.environ, **(env or {}), "PYTHONPATH": path}
+    try:
+        out = subprocess.run([python, "-m", "hisparse_kernels.probe"], capture_output=True, text=True,
+                             env=run_env, timeout=timeout_s, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return DispatchProof(None, None, {}, None, error=f"probe did not run: {exc}")
+    text = out.stdout + "\n" + out.stderr
+    log_line = next((m.group(0) for m in map(IDENTITY_LINE.search, text.splitlines()) if m), None)
+    payload = next((line[len(PROBE_PREFIX):] for line in out.stdout.splitlines() if line.startswith(PROBE_PREFIX)),
+                   None)
+    if payload is None:
+        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return DispatchProof(None, None, {}, log_line, error=f"probe exited {out.returncode}: {last}")
+    raw = json.loads(payload)
+    ops = raw.get("ops", {})
+    return DispatchProof(raw.get("vllm_version"),
+                         KernelIdentity.from_dict(raw["identity"]) if raw.get("identity") else None,
+                         {name: bool(info["reached"]) for name, info in ops.items()}, log_line, raw.get("error"),
+                         {name: info["error"] for name, info in ops.items() if info.get("error")})
+
+
+def find_nvcc() -> str:
+    for candidate in ("/usr/local/cuda/bin/nvcc", shutil.which("nvcc")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    raise KernelBuildError("no nvcc found (looked in /usr/local/cuda/bin and PATH): install the CUDA toolkit, "
+                           "or the PyPI wheels nvidia-cuda-nvcc (CUDA 13) / nvidia-cuda-nvcc-cu12, which ship one")
+
+
+def torch_include_dirs(python: str) -> list[str]:
+    code = "import json; from torch.utils.cpp_extension import include_paths; print(json.dumps(include_paths()))"
+    return json.loads(_python_facts(python, code).splitlines()[-1])
+
+
+def nvcc_compile_check(cuda_arch: str = "90", torch_include_dirs: list[str] | None = None,
+                       source_dir: Path | None = None) -> NvccCheck:
+    """Compile the CUDA sources (module and vLLM drop-in) to objects only: no link, no GPU."""
+    if torch_include_dirs is None:
+        raise KernelBuildError("nvcc_compile_check needs torch's include folders (see torch_include_dirs)")
+    src = require_source_dir(source_dir) / "csrc"
+    nvcc = find_nvcc()
+    includes = [f"-I{d}" for d in torch_include_dirs]
+    base = [nvcc, "-c", "-std=c++20", "-O3", f"-gencode=arch=compute_{cuda_arch},code=sm_{cuda_arch}",
+            "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", *includes]
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="hisparse-nvcc-") as tmp:
+        dropin = Path(tmp) / "dropin"
+        (dropin / "hisparse_bundled").mkdir(parents=True)
+        for header in src.iterdir():
+            if header.suffix in (".h", ".cuh"):
+                shutil.copy(header, dropin / "hisparse_bundled" / header.name)
+        shutil.copy(src / "vllm_dropin" / "hisparse_kernels.cu", dropin / "hisparse_kernels.cu")
+        jobs = [
+            [*base, "-DHISPARSE_WITH_CUDA", "-DUSE_CUDA", f"-I{src}", str(src / "hisparse_cuda.cu"),
+             "-o", f"{tmp}/module.o"],
+            [*base, str(dropin / "hisparse_kernels.cu"), "-o", f"{tmp}/dropin.o"],
+        ]
+        procs = [subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for job in jobs]
+        logs = [proc.communicate()[0] for proc in procs]
+        ok = all(proc.returncode == 0 for proc in procs)
+    return NvccCheck(ok, nvcc, round(time.monotonic() - started, 1), [" ".join(job) for job in jobs],
+                     "\n".join(logs))
