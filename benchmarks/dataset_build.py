@@ -1,7 +1,7 @@
 """Benchmark: build the blog-scale dataset shape offline and compare with one plain encode.
 
 Shape: 216 conversations x 13 turns, turn 1 exactly 74,160 bare tokens, turns 2..13 exactly
-753 (FACTS.md §5), with the shipped tokenizer, the shipped sample source and synthetic
+753 (docs/facts.md §5), with the shipped tokenizer, the shipped sample source and synthetic
 pad. The reference is the time the same tokenizer takes to encode the output's text once
 (every message's content, one parallel `encode_batch_fast`, the fastest way the library
 has, which is what the builder's verification uses); the

@@ -1,7 +1,7 @@
 """One EvalScope `perf` invocation per point: its command, its run, where its summary lands.
 
 Each attempt gets a fresh output folder: EvalScope fails when it reuses one with
-`--no-timestamp` (FACTS.md §6). The offset is always explicit, so a point never
+`--no-timestamp` (docs/facts.md §6). The offset is always explicit, so a point never
 depends on EvalScope's own offset bookkeeping between runs.
 """
 

@@ -24,7 +24,7 @@ class Record(BaseModel):
 
 
 class EvalScopeSummary(Record):
-    """EvalScope's benchmark_summary.json, under one key set whatever its version (FACTS.md §6)."""
+    """EvalScope's benchmark_summary.json, under one key set whatever its version (docs/facts.md §6)."""
 
     total_requests: int | None = None
     success_requests: int | None = None
@@ -43,7 +43,7 @@ class EvalScopeSummary(Record):
 
 
 class PointMetrics(Record):
-    """Per-point metrics (DESIGN.md "Metrics"). None means the server did not expose it."""
+    """Per-point metrics (docs/metrics.md). None means the server did not expose it."""
 
     interactivity_tok_s_user: float | None = None
     total_tok_s_per_gpu: float | None = None

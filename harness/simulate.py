@@ -1,7 +1,7 @@
 """`simulate SWEEP.yaml`: every deployment of a sweep on the simulated engine in virtual time, written
 as a run folder by the same run recorder as a sweep (harness/results.py), marked simulated, so plot, report and
 compare read it unchanged. No EvalScope runs: the summary is computed as EvalScope computes it
-(FACTS.md §6), and the scrapes come from the engine's own /metrics text at virtual times."""
+(docs/facts.md §6), and the scrapes come from the engine's own /metrics text at virtual times."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ class SimulateOutcome:
 
 
 def evalscope_like_summary(run: PointRun) -> EvalScopeSummary:
-    """The summary EvalScope would write for these requests (its definitions, FACTS.md §6)."""
+    """The summary EvalScope would write for these requests (its definitions, docs/facts.md §6)."""
     ok = [r for r in run.requests if r.ok]
     duration = run.duration_s or 1e-9
     tpots = [(r.end_s - r.first_token_s) / (r.output_tokens - 1) for r in ok

@@ -1,4 +1,4 @@
-"""The concurrency calculator library against FACTS.md §4's worked values and its variants."""
+"""The concurrency calculator library against docs/facts.md §4's worked values and its variants."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def calc(**fields) -> CalcResult:
     return calculate(CalcInputs.build(**fields))
 
 
-# ---------------------------------------------------------------- FACTS.md §4, exactly
+# ---------------------------------------------------------------- docs/facts.md §4, exactly
 
 def test_kv_hbm_h200_tp8_is_17_8_gib():
     result = calc()

@@ -10,7 +10,7 @@ import yaml
 from harness.calc import CalcError, inputs_for_launch, pinned_host_gib, sizing_for_launch, sizing_warnings
 from harness.config import LaunchProfile, load_launch
 
-# The blog's Hybrid HiSparse arm (FACTS.md §1).
+# The blog's Hybrid HiSparse arm (docs/facts.md §1).
 BLOG_ARM = {
     "engine": "vllm",
     "build": "neuralmagic/vllm@e8ef1e07bd",

@@ -82,7 +82,7 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(tmp_path):
         for family in REQUIRED_FAMILIES:
             assert any(n == family or n.startswith(family + "_") for n in names), (key, family)
 
-    # On 2 shared cores vLLM's frontend refreshes the running gauge late (FACTS.md §8 addition in
+    # On 2 shared cores vLLM's frontend refreshes the running gauge late (docs/facts.md §8 addition in
     # the stop note): a short point can miss it in every scrape, so occupancy > 0 is required of
     # each deployment's sweep, not of every single point.
     for dep in ("cpu-baseline", "cpu-pressured"):

@@ -15,7 +15,7 @@ from harness.plan import make_plan, point_offsets
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The blog appendix's serve command for the Hybrid HiSparse arm (FACTS.md §1), verbatim.
+# The blog appendix's serve command for the Hybrid HiSparse arm (docs/facts.md §1), verbatim.
 BLOG_HISPARSE = r"""vllm serve zai-org/GLM-5.3 --served-model-name glm-agentx --trust-remote-code --host 0.0.0.0
   --port 8000 --tensor-parallel-size 8 --kv-cache-dtype fp8 --gpu-memory-utilization 0.92
   --max-model-len 142000 --max-num-batched-tokens 32768 --max-num-seqs 256 --enable-prefix-caching
@@ -115,7 +115,7 @@ def test_text_plan_is_readable():
 
 
 def test_small_dataset_warns_about_reuse(tmp_path):
-    # the blog built 128 conversations: c24 and c32 then re-send warmed ones (FACTS.md §6)
+    # the blog built 128 conversations: c24 and c32 then re-send warmed ones (docs/facts.md §6)
     (tmp_path / "r.yaml").write_text(
         "name: small\nsource: {kind: hub, id: x/y}\ntokenizer: x/y\nfirst_turn_length: 100\n"
         "subsequent_turn_length: 10\nnum_turns: 2\nconversations: 128\n")

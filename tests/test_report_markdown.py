@@ -56,7 +56,7 @@ def test_a_clean_run_has_no_warnings_and_a_simulated_one_says_so(tmp_path):
 
 
 def test_reuse_names_the_points_that_run_past_the_dataset(tmp_path):
-    # the blog's sweep with 128 conversations: offsets 52, 56, 72, 104, 152 (FACTS.md §6)
+    # the blog's sweep with 128 conversations: offsets 52, 56, 72, 104, 152 (docs/facts.md §6)
     run = make_run(tmp_path, points=((1, 4), (8, 16), (16, 32), (24, 48), (32, 64)), conversations_built=128)
     assert reused_points(read_manifest(run), iter_points(run)) == [24, 32]
 

@@ -169,7 +169,7 @@ def test_never_ready_in_actor_times_out(launcher, tmp_path):
 
 
 def test_stop_after_ray_kill_leaves_nothing(launcher, tmp_path):
-    # FACTS.md section 7: ray.kill(actor) need not take the server (its own session) with it.
+    # docs/facts.md §7: ray.kill(actor) need not take the server (its own session) with it.
     # Whether it survives depends on Ray's child-process reaping and timing; either way the
     # handle's stop() must leave nothing behind.
     handle = launcher.start(fake_spec(tmp_path))

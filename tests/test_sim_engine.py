@@ -33,7 +33,7 @@ def checked_step(engine: Engine, now: float):
     return result
 
 
-# FACTS.md §4 worked values (H200, TP8, fp8, the calculator's 576-byte rows, default host pool):
+# docs/facts.md §4 worked values (H200, TP8, fp8, the calculator's 576-byte rows, default host pool):
 # (sequence length, MTP3?) -> (baseline, HiSparse). MTP3 sizes the hot buffer at 10,240 rows.
 CALCULATOR = {(81920, False): (4, 39), (81920, True): (4, 22), (142000, False): (2, 29), (142000, True): (2, 18)}
 

@@ -259,21 +259,32 @@ def test_deployments_run_at_once_on_a_multi_node_ray_cluster(tmp_path):
     assert len(nodes) == 2
 
 
-def test_secrets_never_reach_the_run_folder(tmp_path):
-    sweep = write_sweep(tmp_path, {"hs": "env: {HF_TOKEN: hf-SECRET-ONE}\n"}, [(1, 1)])
+def test_secrets_never_reach_the_run_folder_of_sweep_or_simulate(tmp_path):
+    sweep = write_sweep(tmp_path, {"hs": "env: {HF_TOKEN: hf-SECRET-ONE}\n"
+                                         "extra_args: ['--api-key', 'sk-SECRET-THREE']\n"}, [(1, 1)])
     text = sweep.read_text().replace("  timeout_s: 300\n",
                                      "  timeout_s: 300\n  evalscope_args: [--api-key, sk-SECRET-TWO]\n")
     sweep.write_text(text)
-    done = run_sweep(sweep, "sec")
+    # with the report and figures, as a user runs it
+    done = subprocess.run([a for a in sweep_argv(sweep, "sec") if a != "--no-report"], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
     run_dir = tmp_path / "results/sec"
+    assert (run_dir / "report.md").exists()
     record = points_of(run_dir)[("hs", 1)]
     assert record.evalscope_command[record.evalscope_command.index("--api-key") + 1] == "***"
     command = (run_dir / "deployments/hs/command.txt").read_text()
     assert "HF_TOKEN='***'" in command and "{port}" not in command  # the real port, re-runnable
-    leaks = [str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()
-             and (b"SECRET-ONE" in p.read_bytes() or b"SECRET-TWO" in p.read_bytes())]
-    assert leaks == []
+    simulated = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--run-id", "sec-sim",
+                                "--results-dir", str(tmp_path / "results")], capture_output=True, text=True,
+                               timeout=600, cwd=ROOT)
+    assert simulated.returncode == 0, simulated.stdout + simulated.stderr
+    secrets = (b"SECRET-ONE", b"SECRET-TWO", b"SECRET-THREE")
+    for folder in (run_dir, tmp_path / "results/sec-sim", tmp_path / "plots"):
+        files = [p for p in folder.rglob("*") if p.is_file()]
+        assert files, folder
+        leaks = [str(p) for p in files if any(s in p.read_bytes() for s in secrets)]
+        assert leaks == []
     plan = subprocess.run([sys.executable, "-m", "harness", "plan", str(sweep), "--json"], cwd=ROOT,
                           capture_output=True, text=True, check=True).stdout
     assert "SECRET" not in plan

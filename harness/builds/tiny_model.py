@@ -6,7 +6,7 @@ with safetensors. The folder lands in ~/.cache/hisparse-harness/models/<hash> on
 built in a temporary folder and renamed, so a half-written model is never served.
 
 Shape: 2 layers, hidden 64, head size 32. vLLM's CPU attention only takes head sizes 32, 64,
-80, ...; 16 passes /health and dies on the first request (FACTS.md section 8).
+80, ...; 16 passes /health and dies on the first request (docs/facts.md §8).
 """
 
 from __future__ import annotations

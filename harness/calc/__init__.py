@@ -1,4 +1,4 @@
-"""The blog's concurrency calculator: baseline GPU-resident KV vs Hybrid HiSparse (FACTS.md §4)."""
+"""The blog's concurrency calculator: baseline GPU-resident KV vs Hybrid HiSparse (docs/facts.md §4)."""
 
 from harness.calc.formulas import (
     BLOCK_BYTES,

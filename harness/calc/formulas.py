@@ -1,4 +1,4 @@
-"""The blog's concurrency calculator as a pure function (formulas: FACTS.md §4).
+"""The blog's concurrency calculator as a pure function (formulas: docs/facts.md §4).
 
 Two ways of holding GLM-5.3's sparse-MLA KV on a deployment are compared:
 - baseline: every token of every running request stays in HBM;
@@ -22,14 +22,14 @@ from harness.schema import StrictModel
 
 GIB = 2**30
 BLOCK_TOKENS = 64
-INDEX_TOPK = 2048  # GLM-5.3's index_topk (FACTS.md §3): one hot-buffer "row set" per decode query
+INDEX_TOPK = 2048  # GLM-5.3's index_topk (docs/facts.md §3): one hot-buffer "row set" per decode query
 DEFAULT_HOT_ROWS = 2 * INDEX_TOPK
-MAX_HOT_ROWS = 32768  # vLLM refuses a larger hisparse_config.device_buffer_size (FACTS.md §2)
+MAX_HOT_ROWS = 32768  # vLLM refuses a larger hisparse_config.device_buffer_size (docs/facts.md §2)
 HOST_POOL_DEFAULT_MIN_GIB = 16  # the page's host-pool slider range, used to clamp the default pool
 HOST_POOL_DEFAULT_MAX_GIB = 4096
-VLLM_PINNED_FRACTION_LIMIT = 0.95  # vLLM refuses a pinned pool above this share of RAM (FACTS.md §2)
+VLLM_PINNED_FRACTION_LIMIT = 0.95  # vLLM refuses a pinned pool above this share of RAM (docs/facts.md §2)
 
-# GLM-5.3 weights in GiB (FP8), as the calculator page sizes them (FACTS.md §3).
+# GLM-5.3 weights in GiB (FP8), as the calculator page sizes them (docs/facts.md §3).
 SHARED_WEIGHTS_GIB = 19.556
 ROUTED_EXPERT_WEIGHTS_GIB = 684.167
 
@@ -52,7 +52,7 @@ class BlockBytes:
 
 
 # `blog`: the calculator page's constants, built on 576-byte fp8 rows (1,152-byte bf16 rows).
-# `vllm`: the 656-byte fp8_ds_mla rows vLLM stores (512 fp8 + 16 scale + 128 bf16 RoPE), FACTS.md §3.
+# `vllm`: the 656-byte fp8_ds_mla rows vLLM stores (512 fp8 + 16 scale + 128 bf16 RoPE), docs/facts.md §3.
 # A bf16 row is 512 + 64 bf16 values = 1,152 bytes in both, so the bf16 layouts coincide.
 BLOCK_BYTES: dict[tuple[Layout, KvDtype], BlockBytes] = {
     ("blog", "fp8"): BlockBytes(baseline=3_052_800, hisparse_gpu=184_320, host=2_875_392),
@@ -158,7 +158,7 @@ class CalcInputs(StrictModel):
         if self.hot_rows is not None:
             return self.hot_rows
         if self.speculative_tokens:
-            # released HiSparse sizes the buffer for every verified token at once (blog, FACTS.md §2)
+            # released HiSparse sizes the buffer for every verified token at once (blog, docs/facts.md §2)
             return (self.speculative_tokens + 2) * INDEX_TOPK
         return DEFAULT_HOT_ROWS
 
@@ -272,7 +272,7 @@ def _host_copies(inputs: CalcInputs) -> int:
 
 
 def _capacity(inputs: CalcInputs, pools: _Pools, blocks: int) -> _Capacity:
-    """Per-DP limits for requests of `blocks` 64-token blocks (FACTS.md §4)."""
+    """Per-DP limits for requests of `blocks` 64-token blocks (docs/facts.md §4)."""
     baseline = min(pools.max_num_seqs, pools.baseline_pool_blocks // blocks)
     gpu_limit = pools.hisparse_pool_blocks // (blocks + pools.hot_blocks + pools.retained_blocks)
     non_limiting = min(pools.max_num_seqs, gpu_limit)

@@ -6,7 +6,8 @@ import argparse
 import json
 import math
 
-from harness.calc import CalcInputs, calculate, calculate_range, find_crossover
+from harness.calc import CalcInputs, calculate, calculate_range, find_crossover, inputs_for_launch
+from harness.calc.plot import chart_format, plot_concurrency
 from harness.calc.render import (
     format_range,
     format_result,
@@ -15,6 +16,7 @@ from harness.calc.render import (
     plot_grid,
     table_grid,
 )
+from harness.config import load_launch
 from harness.errors import HarnessError
 
 # (flag, CalcInputs field, kind, help); numbers are read here, not by argparse, so that a bad
@@ -103,13 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if args.plot is not None:
         from pathlib import Path
 
-        from harness.calc.plot import chart_format
 
         chart_format(Path(args.plot))
 
     if args.from_launch is not None:
-        from harness.calc import inputs_for_launch
-        from harness.config import load_launch
 
         if given:
             flags = [opt[0] for opt in (*_INPUT_OPTIONS, *_SWITCHES) if opt[1] in given]
@@ -138,7 +137,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_range(rows, crossover))
     if args.plot is not None:
-        from harness.calc.plot import plot_concurrency
 
         written = plot_concurrency(calculate_range(inputs, plot_grid(lo, hi)), crossover, args.plot)
         if not args.json:

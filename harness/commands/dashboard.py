@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from harness.nightly.dashboard import build_dashboard
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", type=Path, required=True, metavar="S", help="history folder")
@@ -14,7 +16,6 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.nightly.dashboard import build_dashboard
 
     result = build_dashboard(args.store, args.out)
     for line in result.warnings:

@@ -7,6 +7,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness.errors import HarnessError
+from harness.nightly.changepoint import history_change_points
+from harness.nightly.gate import gate_history, gate_night
+from harness.nightly.markdown import regression_report
+from harness.nightly.night import night_from_run
+from harness.nightly.store import NightStore
+from harness.results import RunPaths
+from harness.summary import resolve_run_dir
+
 if TYPE_CHECKING:
     from harness.nightly.store import NightStore
 
@@ -33,16 +42,12 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.nightly.store import NightStore
 
     store = NightStore(args.store)
     return {"add": _add, "list": _list, "show": _show}[args.action](args, store)
 
 
 def _add(args: argparse.Namespace, store: NightStore) -> int:
-    from harness.nightly.night import night_from_run
-    from harness.results import RunPaths
-    from harness.summary import resolve_run_dir
 
     run_dir = resolve_run_dir(args.run_ref)
     report = args.report
@@ -57,7 +62,6 @@ def _add(args: argparse.Namespace, store: NightStore) -> int:
 
 
 def _list(args: argparse.Namespace, store: NightStore) -> int:
-    from harness.nightly.gate import gate_history
 
     history = store.load()
     for line in history.warnings:
@@ -76,10 +80,6 @@ def _list(args: argparse.Namespace, store: NightStore) -> int:
 
 
 def _show(args: argparse.Namespace, store: NightStore) -> int:
-    from harness.errors import HarnessError
-    from harness.nightly.changepoint import history_change_points
-    from harness.nightly.gate import gate_night
-    from harness.nightly.markdown import regression_report
 
     history = store.load()
     for line in history.warnings:

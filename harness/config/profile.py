@@ -12,20 +12,20 @@ from harness.config.sim import SimSettings
 from harness.schema import SizeBytes, StrictModel
 from harness.support import bundled_kernels_refusal, is_blog_branch_ref, release_has_hisparse
 
-# Flags that circulated with the blog but that no vLLM has (FACTS.md §1). A user who
+# Flags that circulated with the blog but that no vLLM has (docs/facts.md §1). A user who
 # pastes them must be stopped, not silently run without them.
 INVENTED_SERVE_KEYS = {
-    "kv_cache_profiling_window": "no vLLM has --kv-cache-profiling-window (an invented flag, FACTS.md §1)",
-    "dynamic_access_profiler": "no vLLM has a 'Dynamic Access Profiler' (an invented feature, FACTS.md §1)",
-    "warm_zone": "no vLLM keeps a 'warm zone in L2' (an invented feature, FACTS.md §1)",
-    "hisparse_warm_zone": "no vLLM keeps a 'warm zone in L2' (an invented feature, FACTS.md §1)",
+    "kv_cache_profiling_window": "no vLLM has --kv-cache-profiling-window (an invented flag, docs/facts.md §1)",
+    "dynamic_access_profiler": "no vLLM has a 'Dynamic Access Profiler' (an invented feature, docs/facts.md §1)",
+    "warm_zone": "no vLLM keeps a 'warm zone in L2' (an invented feature, docs/facts.md §1)",
+    "hisparse_warm_zone": "no vLLM keeps a 'warm zone in L2' (an invented feature, docs/facts.md §1)",
     "swap_space": "swap_space is not a HiSparse pool; size the host pool with kv.hisparse.host_pool_gib",
     "attention_config": "write HiSparse settings under kv.hisparse; the harness renders --attention-config",
     "kv_transfer_config": "write offload settings under kv.offload; the harness renders --kv-transfer-config",
     "speculative_config": "write speculative decoding under speculative:; the harness renders it",
 }
 INVENTED_FLAG_VALUES = {("kv_cache_dtype", "hybrid_hisparse"): (
-    "kv_cache_dtype hybrid_hisparse does not exist in any vLLM (an invented flag, FACTS.md §1); "
+    "kv_cache_dtype hybrid_hisparse does not exist in any vLLM (an invented flag, docs/facts.md §1); "
     "use fp8 and enable Hybrid HiSparse with kv.hisparse")}
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "bfloat16", "float16")
 

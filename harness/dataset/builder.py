@@ -1,4 +1,4 @@
-"""Conversations of exact bare lengths from trajectories and pad (FACTS.md §5).
+"""Conversations of exact bare lengths from trajectories and pad (docs/facts.md §5).
 
 Turn 1 = a system message of pad + the real first user message (at most
 `max_real_first_turn_frac` of the turn), together exactly `first_turn_length` bare

@@ -1,6 +1,6 @@
 """Pad text: disjoint spans of a token pool, so that no two conversations share a prefix.
 
-Kinds (FACTS.md §5): `openscience` (nvidia/OpenScienceReasoning-2, field `output`, from the
+Kinds (docs/facts.md §5): `openscience` (nvidia/OpenScienceReasoning-2, field `output`, from the
 hub), `local` (text files), `synthetic` (generated from the seed). The first two feed a
 `TextPool`: documents are cleaned (``<think>`` markup, chat-control spellings and the
 tokenizer's special tokens removed), joined, encoded once as one stream, and each pad slot

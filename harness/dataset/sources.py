@@ -1,6 +1,6 @@
 """Agent trajectories in the nebius/SWE-rebench-openhands-trajectories schema, normalised.
 
-Normalisation is the blog builder's (FACTS.md §5): `tool` messages become `user`
+Normalisation is the blog builder's (docs/facts.md §5): `tool` messages become `user`
 messages, list-of-blocks content is flattened to its text parts, empty messages and every
 other role are dropped. Only the user side is kept: the first user message is the task
 (issue text), the later ones (tool outputs) feed turns 2..N. Assistant turns are not

@@ -1,4 +1,4 @@
-"""Per-point metrics from one point's /metrics scrapes and its EvalScope summary (DESIGN.md "Metrics").
+"""Per-point metrics from one point's /metrics scrapes and its EvalScope summary (docs/metrics.md).
 
 Conventions, as the metric definitions require:
 - Samples of one name are combined across label sets per scrape (several engines under data

@@ -1,4 +1,4 @@
-"""EvalScope's benchmark_summary.json -> EvalScopeSummary, whichever key set wrote it (FACTS.md §6).
+"""EvalScope's benchmark_summary.json -> EvalScopeSummary, whichever key set wrote it (docs/facts.md §6).
 
 Key sets, checked in EvalScope's sources (evalscope/perf/utils/perf_constants.py):
 - from 1.10 (1.14.1 installed here): "Avg TTFT (ms)", "Avg TPOT (ms)", "Avg ITL (ms)";

@@ -22,6 +22,7 @@ from harness.nightly.record import (
     validation_message,
 )
 from harness.results import read_manifest
+from harness.summary import load_runs
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,6 @@ def _with_metric_evidence(facts: DeploymentFacts, rows: list[Any]) -> Deployment
 def night_from_run(run_dir: Path, report_path: str | None = None,
                    figure_paths: tuple[str, ...] = ()) -> NightRecord:
     """The night record of one run folder (a finished or stopped nightly sweep)."""
-    from harness.summary import load_runs
 
     run_dir = Path(run_dir)
     facts = _manifest_facts(read_manifest(run_dir).model_dump(mode="json"))

@@ -18,6 +18,7 @@ from harness.errors import HarnessError
 from harness.io import atomic_write_json
 from harness.records import WorkloadRecord
 from harness.results import read_manifest
+from harness.summary import load_runs
 
 REFERENCE_FORMAT = "harness-reference/1"
 DEFAULT_TOLERANCE = 0.10
@@ -87,7 +88,6 @@ def _float(value: object) -> float | None:
 
 
 def reference_from_run(run_dir: Path) -> Reference:
-    from harness.summary import load_runs
 
     manifest = read_manifest(run_dir)
     df = load_runs([run_dir])

@@ -34,7 +34,7 @@ def _count(value: float | int | None) -> str:
 def reused_points(manifest: RunManifest, points: list[PointRecord]) -> list[int]:
     """Concurrencies whose conversations run past the built dataset, so they re-send ones already sent.
 
-    EvalScope rotates the list by --dataset-offset (FACTS.md §6): a point reads
+    EvalScope rotates the list by --dataset-offset (docs/facts.md §6): a point reads
     conversations [offset, offset + number); past the end it reads the start again.
     """
     built = manifest.workload.conversations_built

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from harness.errors import HarnessError
 from harness.io import atomic_write_bytes
 from harness.report.labels import Label, place_labels
 from harness.report.timeseries import DeploymentTimeline, load_timeline
 from harness.results import iter_points, read_manifest
+from harness.summary import load_runs
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -307,11 +309,9 @@ def _safe_stem(name: str) -> str:
 
 def plot_runs(run_dirs: Iterable[Path | str], out_dir: Path, x: XAxis = "total") -> list[Path]:
     """Draw every figure of the runs into out_dir; returns the files written (PNG and SVG)."""
-    from harness.summary import load_runs
 
     run_dirs = [Path(r) for r in run_dirs]
     if x not in X_COLUMNS:
-        from harness.errors import HarnessError
 
         raise HarnessError(f"--x {x}: choose one of {', '.join(X_COLUMNS)}")
     df = load_runs(run_dirs)

@@ -1,7 +1,7 @@
 """Checks before a server starts: what would make it fail minutes later, said now.
 
 A vLLM with HiSparse or offload pins its host pools at start and refuses pools above
-95% of the RAM it can see (FACTS.md §2); a server needing more GPUs than the host has
+95% of the RAM it can see (docs/facts.md §2); a server needing more GPUs than the host has
 waits out its whole ready timeout. Both are known before anything starts.
 """
 

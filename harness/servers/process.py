@@ -2,7 +2,7 @@
 
 Used directly by the local launcher and inside the Ray actor. Process trees are found through
 /proc (Linux): vLLM is an API server + engine core + workers, and SIGKILL to the API server alone
-leaves the rest holding GBs (FACTS.md section 7), so teardown signals every descendant.
+leaves the rest holding GBs (docs/facts.md §7), so teardown signals every descendant.
 """
 
 from __future__ import annotations

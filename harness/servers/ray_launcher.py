@@ -4,7 +4,7 @@ The actor asks for `num_gpus` explicitly (with a placement group alone CUDA_VISI
 be empty: ray #50180, vllm #14610), picks a free port on its node, and runs the server through
 process.py in a session of its own. That session escapes the actor's process group, so
 `ray.kill(actor)` alone would leave the server running: stop() always asks the actor to stop the
-tree first (FACTS.md section 7).
+tree first (docs/facts.md §7).
 
 Logs go straight to spec.log_path from the actor's node: on a single node (and local clusters)
 that is the harness's filesystem; a multi-node cluster needs a shared results path or log

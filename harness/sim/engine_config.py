@@ -52,7 +52,7 @@ def engine_config(profile: LaunchProfile) -> EngineConfig:
     hisparse = profile.kv.hisparse
     offload = profile.kv.offload
     hot_rows = (hisparse.device_buffer_size if hisparse and hisparse.device_buffer_size
-                else (k + 2) * topk if k else 2 * topk)  # (decode query length + 1) x top-K, FACTS.md §2
+                else (k + 2) * topk if k else 2 * topk)  # (decode query length + 1) x top-K, docs/facts.md §2
     return EngineConfig(
         model=model, hardware=hardware, sizing=sizing, policy=policy_of(profile),
         max_num_seqs=serve.max_num_seqs or DEFAULT_MAX_NUM_SEQS,

@@ -1,4 +1,4 @@
-"""The engine's state as Prometheus text with vLLM's names (FACTS.md §2): the same families a vLLM
+"""The engine's state as Prometheus text with vLLM's names (docs/facts.md §2): the same families a vLLM
 server of that arm exposes, labelled model_name=<served name> and engine="0" as vLLM v1 does. Offload
 series only with an offload pool, HiSparse series only with HiSparse, spec-decode only with MTP."""
 

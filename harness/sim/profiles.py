@@ -1,6 +1,6 @@
 """Model and hardware profiles (data files under profiles/) and the KV sizing derived from them.
 
-Sizing follows the blog's concurrency calculator (FACTS.md §4) so that the engine's capacity can be
+Sizing follows the blog's concurrency calculator (docs/facts.md §4) so that the engine's capacity can be
 checked against it: KV per GPU = util * HBM - weights per GPU - reserve, rounded to 0.1 GiB; MLA KV is
 replicated across TP ranks, so every rank holds a whole copy and the pool is that of one GPU.
 """
@@ -123,7 +123,7 @@ def weights_gib_per_gpu(model: ModelProfile, tensor_parallel_size: int) -> float
 
 def kv_gib_per_gpu(model: ModelProfile, hardware: HardwareProfile, tensor_parallel_size: int,
                    gpu_memory_utilization: float | None = None) -> float:
-    """The calculator's KV HBM per GPU, rounded to 0.1 GiB as the page does (FACTS.md §4)."""
+    """The calculator's KV HBM per GPU, rounded to 0.1 GiB as the page does (docs/facts.md §4)."""
     util = hardware.gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
     raw = util * hardware.hbm_gib - weights_gib_per_gpu(model, tensor_parallel_size) - hardware.runtime_reserve_gib
     return round(raw, 1)

@@ -1,5 +1,5 @@
 """Where a request's KV lives: admission with prefix caching, growth, the offload connector's CPU pool,
-and Hybrid HiSparse's full and mixed residency (FACTS.md §3-4, the blog's "Technical Implementation").
+and Hybrid HiSparse's full and mixed residency (docs/facts.md §3-4, the blog's "Technical Implementation").
 
 HiSparse accounting follows the blog's concurrency calculator so the engine's capacity can be checked
 against it: the GPU pool is counted in HMA pages; a fully resident 64-token block costs

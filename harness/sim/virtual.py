@@ -1,5 +1,5 @@
 """The engine in virtual time, driven by closed-loop clients that behave as EvalScope's multi-turn mode
-(FACTS.md §6): `parallel` workers; each takes the next of `number` conversations (the list rotated by the
+(docs/facts.md §6): `parallel` workers; each takes the next of `number` conversations (the list rotated by the
 dataset offset) and sends its turns in order, each request = all earlier turns + the replies + the new
 turn, the next turn as soon as the reply ends. No wall clock: a point of minutes runs in milliseconds.
 

@@ -1,0 +1,152 @@
+"""The runner's policy with in-process fakes of its launcher and load generator (tests/fakes.py):
+retries, stop vs continue (serial and with arms in parallel), server start failures, preflight
+failures, resume, interrupts, and the run status each ends with. Seconds, not minutes; the
+end-to-end versions with real servers and EvalScope are in test_sweep.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fakes import FakeLauncher, FakeLoadGenerator
+
+from harness.config import load_sweep
+from harness.results import iter_points, read_manifest
+from harness.runner import SweepOptions, run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RECIPE = f"""
+name: policy-recipe
+source: {{kind: sample, path: {ROOT}/harness/data/samples/openhands-sample.jsonl}}
+tokenizer: {ROOT}/harness/data/tokenizers/harness-bpe
+first_turn_length: 120
+subsequent_turn_length: 20
+num_turns: 2
+conversations: 12
+"""
+
+
+def sweep_file(tmp_path: Path, *, policy: str = "continue", retries: int = 0, arms: tuple[str, ...] = ("a", "b"),
+               profile_extra: dict[str, str] | None = None) -> Path:
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    for arm in arms:
+        extra = (profile_extra or {}).get(arm, "")
+        (tmp_path / f"{arm}.yaml").write_text(f"extends: {ROOT}/launch/sim-hisparse.yaml\n{extra}")
+    deployments = "\n".join(f"  - {{name: {arm}, launch: {arm}.yaml}}" for arm in arms)
+    (tmp_path / "sweep.yaml").write_text(f"""
+name: policy
+dataset: recipe.yaml
+gpus_per_server: 8
+on_point_failure: {policy}
+max_point_retries: {retries}
+client: {{max_tokens: 8, points: [{{parallel: 1, number: 1}}, {{parallel: 2, number: 2}}, {{parallel: 4, number: 2}}]}}
+scrape: {{interval_s: 0.2}}
+deployments:
+{deployments}
+""")
+    return tmp_path / "sweep.yaml"
+
+
+def sweep(tmp_path: Path, launcher: FakeLauncher, loadgen: FakeLoadGenerator, run_id: str = "r", **kw):
+    options = SweepOptions(run_id=run_id, results_root=tmp_path / "results", pid_dir=tmp_path / "pids")
+    return run_sweep(load_sweep(sweep_file(tmp_path, **kw)), options, progress=lambda _m: None,
+                     launcher=launcher, load_generator=loadgen)
+
+
+def statuses(run_dir: Path) -> dict[str, dict[str, str]]:
+    return read_manifest(run_dir).points
+
+
+def test_everything_ok_is_status_ok(tmp_path):
+    outcome = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator())
+    assert (outcome.ok, outcome.failed, outcome.status) == (6, 0, "ok")
+    manifest = read_manifest(outcome.run_dir)
+    assert manifest.schema_version == 2 and manifest.status == "ok"
+    assert all(s == "ok" for by_point in manifest.points.values() for s in by_point.values())
+
+
+def test_a_failed_attempt_is_retried_and_the_retry_recorded(tmp_path):
+    loadgen = FakeLoadGenerator(outcome=lambda name, attempt: "fail" if name == "a-c2" and attempt == 1 else "ok")
+    outcome = sweep(tmp_path, FakeLauncher(), loadgen, retries=1)
+    assert outcome.status == "ok" and loadgen.calls.count("a-c2") == 2
+    point = next(p for p in iter_points(outcome.run_dir) if (p.deployment, p.parallel) == ("a", 2))
+    assert point.status == "ok" and point.attempt == 2
+    assert (outcome.run_dir / "points/a/p2/evalscope/attempt-1/evalscope.log").exists()
+
+
+def test_continue_records_the_failure_and_runs_the_rest(tmp_path):
+    loadgen = FakeLoadGenerator(outcome=lambda name, attempt: "fail" if name == "a-c2" else "ok")
+    outcome = sweep(tmp_path, FakeLauncher(), loadgen)
+    assert (outcome.ok, outcome.failed, outcome.status) == (5, 1, "failed")
+    failed = [p for p in iter_points(outcome.run_dir) if p.status == "failed"]
+    assert [(p.deployment, p.parallel) for p in failed] == [("a", 2)]
+    assert "EvalScope exited with code 1" in failed[0].reason and failed[0].server_log_tail
+
+
+def test_stop_ends_the_sweep_at_the_first_failure(tmp_path):
+    loadgen = FakeLoadGenerator(outcome=lambda name, attempt: "fail" if name == "a-c2" else "ok")
+    outcome = sweep(tmp_path, FakeLauncher(), loadgen, policy="stop")
+    assert outcome.status == "stopped" and outcome.stopped_by_policy
+    assert statuses(outcome.run_dir) == {"a": {"p1": "ok", "p2": "failed", "p4": "pending"},
+                                         "b": {"p1": "pending", "p2": "pending", "p4": "pending"}}
+
+
+def test_stop_with_arms_in_parallel_stops_the_other_arm(tmp_path):
+    # arm a fails at once; arm b's later points must not run (the stop reaches the other thread)
+    def outcome_of(name: str, attempt: int) -> str:
+        if name == "a-c1":
+            return "fail"
+        if name.startswith("b-"):
+            import time
+            time.sleep(0.5)  # b is still running its first point when a fails
+        return "ok"
+    launcher = FakeLauncher(nodes=2)
+    outcome = sweep(tmp_path, launcher, FakeLoadGenerator(outcome=outcome_of), policy="stop")
+    assert outcome.status == "stopped"
+    points = statuses(outcome.run_dir)
+    assert points["a"] == {"p1": "failed", "p2": "pending", "p4": "pending"}
+    assert points["b"]["p4"] == "pending"
+
+
+def test_a_server_that_never_starts_fails_its_points_and_the_sweep_goes_on(tmp_path):
+    outcome = sweep(tmp_path, FakeLauncher(fail_start={"a"}), FakeLoadGenerator())
+    assert (outcome.ok, outcome.failed, outcome.status) == (3, 3, "failed")
+    reasons = {p.reason for p in iter_points(outcome.run_dir) if p.deployment == "a"}
+    assert reasons == {"server failed to start: exited with code 1 before it was ready"}
+
+
+def test_a_preflight_failure_under_stop_ends_as_stopped(tmp_path):
+    # a vLLM arm whose pinned pools can never fit this host: preflight refuses before any server starts
+    huge = ("engine: vllm\nbuild: vllm==0.33.0\nreserve_gpus: 0\nsim: null\n"
+            "kv: {hisparse: null, offload: {spec: CPUOffloadingSpec, cpu_bytes: 1000TiB}}\n")
+    launcher = FakeLauncher()
+    outcome = sweep(tmp_path, launcher, FakeLoadGenerator(), policy="stop", profile_extra={"a": huge})
+    assert outcome.status == "stopped" and launcher.started == []
+    preflight = json.loads((outcome.run_dir / "deployments/a/preflight.json").read_text())
+    assert "exceed 95%" in preflight["problems"][0]
+
+
+def test_resume_skips_ok_points_and_reruns_the_rest(tmp_path):
+    first = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator(outcome=lambda n, a: "fail" if n == "b-c4" else "ok"))
+    assert first.status == "failed"
+    before = (first.run_dir / "points/a/p1/point.json").read_bytes()
+    loadgen = FakeLoadGenerator()
+    again = sweep(tmp_path, FakeLauncher(), loadgen)
+    assert (again.skipped, again.ok, again.status) == (5, 1, "ok") and loadgen.calls == ["b-c4"]
+    assert (again.run_dir / "points/a/p1/point.json").read_bytes() == before
+
+
+def test_an_interrupt_leaves_the_point_pending_and_the_run_resumable(tmp_path):
+    loadgen = FakeLoadGenerator(outcome=lambda name, attempt: "interrupt" if name == "a-c2" else "ok")
+    launcher = FakeLauncher()
+    with pytest.raises(KeyboardInterrupt):
+        sweep(tmp_path, launcher, loadgen)
+    run_dir = tmp_path / "results/r"
+    manifest = read_manifest(run_dir)
+    assert manifest.status == "interrupted" and manifest.points["a"] == {"p1": "ok", "p2": "pending",
+                                                                          "p4": "pending"}
+    assert launcher.running() == []  # every server stopped on the way out
+    again = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator())
+    assert again.status == "ok" and again.skipped == 1
