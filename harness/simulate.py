@@ -21,7 +21,7 @@ from harness.plan import make_plan
 from harness.records import EvalScopeSummary, PointRecord
 from harness.runner import open_recorder
 from harness.sim.engine import Engine
-from harness.sim.engine_config import engine_config
+from harness.sim.engine_config import engine_config, stable_seed
 from harness.sim.exposition import MetricsText
 from harness.sim.virtual import PointRun, run_point, shapes_from_recipe
 from harness.summary import write_summary_csv
@@ -88,7 +88,7 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
     simulated_s = 0.0
     written = 0
     for dep in plan.deployments:
-        engine = Engine(engine_config(dep.profile))
+        engine = Engine(engine_config(dep.profile, run_seed=stable_seed(run_id, dep.name)))
         text = MetricsText(engine, dep.served_model_name)
         recorder.update_deployment(dep.name, policy=engine.config.policy)
         now = 0.0

@@ -104,3 +104,32 @@ def test_exposition_parses_with_the_harness_parser():
     names = {s.name for s in samples}
     assert "vllm:kv_offload_store_bytes_total" in names and "vllm:time_to_first_token_seconds_count" in names
     assert all(s.labels.get("model_name") == "glm-agentx" for s in samples)
+
+
+def _c1_tpot_ms(tmp_path, run_id: str, sim_extra: dict) -> float:
+    """Mean TPOT of the HiSparse arm's c1 point, simulated in-process with extra `sim:` settings."""
+    from harness.config import load_sweep
+    from harness.simulate import SimulateOptions, simulate_sweep
+
+    profile = yaml.safe_load((REPO / "launch/sim-hisparse.yaml").read_text())
+    profile["sim"] = {**profile.get("sim", {}), **sim_extra}
+    (tmp_path / f"{run_id}.yaml").write_text(yaml.safe_dump(profile))
+    sweep = yaml.safe_load(write_sweep(tmp_path).read_text())
+    sweep["deployments"] = [{"name": "hisparse", "launch": f"{run_id}.yaml"}]
+    sweep["client"]["points"] = [{"parallel": 1, "number": 2}]
+    (tmp_path / f"sweep-{run_id}.yaml").write_text(yaml.safe_dump(sweep))
+    outcome = simulate_sweep(load_sweep(tmp_path / f"sweep-{run_id}.yaml"),
+                             SimulateOptions(run_id=run_id, results_root=tmp_path / "results"), progress=lambda _m: None)
+    return iter_points(outcome.run_dir)[0].metrics.mean_tpot_ms
+
+
+def test_step_time_scale_and_seeded_run_jitter(tmp_path):
+    base = _c1_tpot_ms(tmp_path, "base", {})
+    slower = _c1_tpot_ms(tmp_path, "slower", {"step_time_scale": 1.15})
+    assert abs(slower / base - 1.15) < 0.01
+    # the jitter is one draw per run, seeded by the run id: the same night again is the same, another differs
+    night_a = _c1_tpot_ms(tmp_path, "night-a", {"run_jitter": 0.03})
+    again = _c1_tpot_ms(tmp_path, "night-a", {"run_jitter": 0.03})
+    night_b = _c1_tpot_ms(tmp_path, "night-b", {"run_jitter": 0.03})
+    assert night_a == again and night_a != night_b
+    assert 0.85 < night_a / base < 1.15 and 0.85 < night_b / base < 1.15

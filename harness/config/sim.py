@@ -41,4 +41,12 @@ class SimSettings(StrictModel):
     hisparse_miss_rate: float = Field(default=0.05, ge=0, le=1,
                                       description="fraction of top-K rows from host-only pages that miss "
                                       "the hot buffer each decode step once it is warm")
+    # Run-to-run variation and injected regressions, so a nightly history with known changes can be made
+    # in seconds: every step of a run takes step_time_scale x (one seeded draw of 1 + N(0, run_jitter)).
+    step_time_scale: float = Field(default=1.0, gt=0, description="multiplies every step's duration "
+                                   "(1.15: a 15% slower engine)")
+    run_jitter: float = Field(default=0.0, ge=0, le=0.5, description="standard deviation of one run's speed "
+                              "factor, drawn once per run (0.03: about 3% run-to-run noise)")
+    run_seed: int | None = Field(default=None, description="seed of that draw; default: from the run id under "
+                                 "`simulate`, fresh at every start of `serve-sim`")
     faults: FaultSettings = FaultSettings()

@@ -126,7 +126,8 @@ class Engine:
                          tensor_parallel_size=self.config.tensor_parallel_size,
                          index_topk=self.config.index_topk, sparse_row_bytes=self.config.sizing.sparse_row_bytes,
                          h2d_bytes=h2d)
-        end_s = now_s + cost.total_s
+        duration_s = cost.total_s * self.config.step_time_factor
+        end_s = now_s + duration_s
         tokens: dict[str, int] = {}
         finished: list[FinishedRequest] = []
         for state, n in scheduled:
@@ -137,8 +138,8 @@ class Engine:
             if self._is_done(state):
                 finished.append(self._finish(state, end_s))
         self.counters.steps += 1
-        self.counters.busy_s += cost.total_s
-        return StepResult(now_s, cost.total_s, tokens, finished, preempted, sum(n for _, n in scheduled))
+        self.counters.busy_s += duration_s
+        return StepResult(now_s, duration_s, tokens, finished, preempted, sum(n for _, n in scheduled))
 
     # ---------------------------------------------------------------- scheduling
 

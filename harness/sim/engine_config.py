@@ -3,6 +3,9 @@ settings a vLLM arm takes, plus the `sim:` section's profiles and scaling knobs.
 
 from __future__ import annotations
 
+import hashlib
+import random
+
 from harness.config import LaunchProfile
 from harness.config.sim import SimSettings
 from harness.sim.engine import EngineConfig, Policy
@@ -33,7 +36,22 @@ def policy_of(profile: LaunchProfile) -> Policy:
     return "offload" if profile.kv.offload is not None else "none"
 
 
-def engine_config(profile: LaunchProfile) -> EngineConfig:
+def run_speed_factor(sim: SimSettings, run_seed: int | None = None) -> float:
+    """step_time_scale x one draw of 1 + N(0, run_jitter), seeded by sim.run_seed, else `run_seed`
+    (None: fresh entropy, a new draw each start)."""
+    factor = sim.step_time_scale
+    if sim.run_jitter > 0:
+        rng = random.Random(sim.run_seed if sim.run_seed is not None else run_seed)
+        factor *= max(0.5, 1.0 + rng.gauss(0.0, sim.run_jitter))
+    return factor
+
+
+def stable_seed(*parts: str) -> int:
+    """A seed from names (run id, deployment) that is the same in every process, unlike hash()."""
+    return int.from_bytes(hashlib.sha256("\0".join(parts).encode()).digest()[:8], "big")
+
+
+def engine_config(profile: LaunchProfile, run_seed: int | None = None) -> EngineConfig:
     sim = profile.sim or SimSettings()
     serve = profile.serve
     model = load_model_profile(sim.model_profile)
@@ -64,4 +82,5 @@ def engine_config(profile: LaunchProfile) -> EngineConfig:
         offload_cpu_bytes=offload.cpu_bytes if offload else None,
         offload_prompt_only=offload.offload_prompt_only is not False if offload else True,
         host_pool_bytes=int(hisparse.host_pool_gib * GIB) if hisparse else None,
-        hot_rows=hot_rows, hisparse_miss_rate=sim.hisparse_miss_rate, seed=sim.seed)
+        hot_rows=hot_rows, hisparse_miss_rate=sim.hisparse_miss_rate, seed=sim.seed,
+        step_time_factor=run_speed_factor(sim, run_seed))

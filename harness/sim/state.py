@@ -34,6 +34,7 @@ class EngineConfig:
     hot_rows: int = 4096                   # HiSparse device_buffer_size
     hisparse_miss_rate: float = 0.05
     seed: int = 0
+    step_time_factor: float = 1.0  # this run's speed: step_time_scale x its seeded jitter draw
 
     @property
     def block_size(self) -> int:
