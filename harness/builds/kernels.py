@@ -84,6 +84,7 @@ class DispatchProof:
     log_line: str | None  # the module's identity line, as logged
     error: str | None = None
     op_errors: dict[str, str] = field(default_factory=dict)
+    reached_cuda: dict[str, bool] = field(default_factory=dict)  # CUDA builds on a GPU only
 
     @property
     def ok(self) -> bool:
@@ -339,7 +340,8 @@ def probe_dispatch(python: str, overlay: Path, env: dict[str, str] | None = None
     return DispatchProof(raw.get("vllm_version"),
                          KernelIdentity.from_dict(raw["identity"]) if raw.get("identity") else None,
                          {name: bool(info["reached"]) for name, info in ops.items()}, log_line, raw.get("error"),
-                         {name: info["error"] for name, info in ops.items() if info.get("error")})
+                         {name: info["error"] for name, info in ops.items() if info.get("error")},
+                         {name: bool(info["reached"]) for name, info in raw.get("ops_cuda", {}).items()})
 
 
 def find_nvcc() -> str:

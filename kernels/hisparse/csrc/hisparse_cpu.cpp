@@ -81,7 +81,7 @@ void resolve_run(const ResolveParams& p, int32_t first, int32_t end, UnionTable&
   int32_t* dgi = p.device_global_indices + static_cast<int64_t>(state) * p.region_stride;
   int16_t* lru = p.lru_slots + static_cast<int64_t>(state) * p.hot_size;
   const int32_t positions = (end - first) * p.top_k;
-  table.reset(union_table_size(p.max_union_rows, positions));
+  table.reset(union_table_size(p.table_capacity, positions));
   host_rows.assign(positions, -1);
 
   // Phase 1: translate; resident pages and absent rows are final here, the

@@ -85,10 +85,9 @@ __device__ __forceinline__ int32_t slot_row(const ResolveParams& p, int32_t requ
       hot_physical_row(p.hot_table, p.hot_table_stride, p.hot_block_size, request, slot));
 }
 
-// Shared memory of one resolver block for a given bound.
-inline size_t resolve_smem_bytes(int32_t max_union_rows, int32_t hot_size) {
-  const size_t capacity = static_cast<size_t>(max_union_rows) + 1;
-  return sizeof(int32_t) * (2 * capacity + kResolveWarps + kScalars) +
+// Shared memory of one resolver block for a union table of `capacity` buckets.
+inline size_t resolve_smem_bytes(int32_t capacity, int32_t hot_size) {
+  return sizeof(int32_t) * (2 * static_cast<size_t>(capacity) + kResolveWarps + kScalars) +
          sizeof(int16_t) * static_cast<size_t>(hot_size);
 }
 
@@ -115,7 +114,7 @@ __global__ __launch_bounds__(kResolveThreads) void resolve_kernel(ResolveParams 
     return;
   }
 
-  const int32_t capacity = p.max_union_rows + 1;
+  const int32_t capacity = p.table_capacity;
   extern __shared__ __align__(16) unsigned char smem[];
   int32_t* keys = reinterpret_cast<int32_t*>(smem);
   int32_t* values = keys + capacity;
@@ -124,7 +123,7 @@ __global__ __launch_bounds__(kResolveThreads) void resolve_kernel(ResolveParams 
   int16_t* packed = reinterpret_cast<int16_t*>(scalars + kScalars);
 
   const int32_t positions = (end - first) * p.top_k;
-  const int32_t table_size = union_table_size(p.max_union_rows, positions);
+  const int32_t table_size = union_table_size(capacity, positions);
   for (int32_t i = tid; i < table_size; i += blockDim.x) {
     keys[i] = kNoKey;
     values[i] = kUnresolved;
@@ -400,16 +399,21 @@ inline void check_launch(const char* what) {
 
 }  // namespace cuda
 
-void resolve_residency_cuda(const ResolveParams& p, int32_t device_index,
-                                   const Tensor& host_cache) {
+void resolve_residency_cuda(const ResolveParams& params, int32_t device_index,
+                            const Tensor& host_cache) {
   cuda::check_pinned(host_cache);
-  if (p.num_rows == 0 || p.top_k == 0) return;
+  if (params.num_rows == 0 || params.top_k == 0) return;
   const torch::stable::accelerator::DeviceGuard guard(device_index);
-  const size_t smem = cuda::resolve_smem_bytes(p.max_union_rows, p.hot_size);
   int max_smem = 0;
   STD_TORCH_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                          device_index) == cudaSuccess,
                   "cannot read the GPU's shared memory per block");
+  // A roomy union table where shared memory allows, else the tight one.
+  ResolveParams p = params;
+  if (cuda::resolve_smem_bytes(p.table_capacity, p.hot_size) > static_cast<size_t>(max_smem)) {
+    p.table_capacity = tight_union_capacity(p.max_union_rows);
+  }
+  const size_t smem = cuda::resolve_smem_bytes(p.table_capacity, p.hot_size);
   STD_TORCH_CHECK(smem <= static_cast<size_t>(max_smem), "HiSparse residency with hot size ",
                   p.hot_size, " and max_union_rows ", p.max_union_rows, " needs ", smem,
                   " bytes of shared memory per block; this GPU allows ", max_smem,

@@ -147,15 +147,22 @@ HS_HD int32_t hash_next(int32_t bucket, int32_t size) {
   return bucket + 1 == size ? 0 : bucket + 1;
 }
 
-// Table size for a run: one spare bucket above the union bound keeps every
-// probe finite; a run whose rows cannot reach the bound gets a smaller,
-// at most half-full table.
-HS_HD int32_t union_table_size(int32_t max_union_rows, int32_t run_positions) {
+// Table size for a run. `capacity` (at least max_union_rows + 1) bounds it;
+// a run with few positions gets a smaller table. Either way at most half full
+// or one bucket above the union bound, so every probe ends; a union above
+// max_union_rows is detected by its count (or a full table), not by the size.
+HS_HD int32_t union_table_size(int32_t capacity, int32_t run_positions) {
   const int64_t roomy = 2 * static_cast<int64_t>(run_positions) + 1;
-  const int64_t bound = static_cast<int64_t>(max_union_rows) + 1;
-  return static_cast<int32_t>(run_positions < max_union_rows && roomy < bound ? roomy
-                                                                               : bound);
+  return static_cast<int32_t>(roomy < capacity ? roomy : capacity);
 }
+
+// Preferred capacity: twice the bound keeps linear probing short (a table
+// filled to the bound would make lookups scan most of it).
+HS_HD int32_t roomy_union_capacity(int32_t max_union_rows) {
+  return 2 * max_union_rows + 1;
+}
+
+HS_HD int32_t tight_union_capacity(int32_t max_union_rows) { return max_union_rows + 1; }
 
 // ---- LRU compaction layout ----------------------------------------------------
 // Phase 2 packs the hot slots into one int16 array of hot_size entries: hits

@@ -60,6 +60,7 @@ struct ResolveParams {
   int32_t num_rows;
   int32_t top_k;
   int32_t max_union_rows;
+  int32_t table_capacity;  // union table buckets: see union_table_size
 };
 
 struct GatherParams {
@@ -324,6 +325,7 @@ inline ResolveParams make_resolve_params(
                     max_union_rows);
   }
   p.max_union_rows = static_cast<int32_t>(max_union_rows);
+  p.table_capacity = roomy_union_capacity(p.max_union_rows);
   return p;
 }
 

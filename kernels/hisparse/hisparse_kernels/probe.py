@@ -15,34 +15,60 @@ import sys
 PREFIX = "HISPARSE_PROBE "
 
 
-def _calls():
+def _calls(device: str = "cpu"):
     import torch
 
     ops = torch.ops._C_cache_ops
     i32, u8 = torch.int32, torch.uint8
+    cuda = device == "cuda"
+
+    def host(*shape):  # the host pool: CPU memory, pinned for the CUDA kernels
+        t = torch.ones(*shape, dtype=u8)
+        return t.pin_memory() if cuda else t
+
+    def on(t):
+        return t.to(device)
 
     def resolve():
         ops.hisparse_resolve_residency(
-            torch.zeros(8, 16, dtype=u8), torch.zeros(1, 4, 16, dtype=u8), torch.zeros(1, 1, dtype=i32),
-            torch.tensor([[1, 2]], dtype=i32), torch.empty(1, 2, dtype=i32), torch.full((1, 4), -1, dtype=i32),
-            torch.arange(4, dtype=torch.int16).view(1, 4), None, 4, 2)
+            host(8, 16), on(torch.zeros(1, 4, 16, dtype=u8)), on(torch.zeros(1, 1, dtype=i32)),
+            on(torch.tensor([[1, 2]], dtype=i32)), on(torch.empty(1, 2, dtype=i32)),
+            on(torch.full((1, 4), -1, dtype=i32)), on(torch.arange(4, dtype=torch.int16).view(1, 4)), None, 4, 2)
 
     def invalidate():
-        ops.hisparse_invalidate_written_slots(torch.zeros(1, 4, dtype=i32), torch.zeros(1, dtype=i32),
-                                              torch.zeros(1, dtype=i32), torch.zeros(1, dtype=torch.int64))
+        ops.hisparse_invalidate_written_slots(on(torch.zeros(1, 4, dtype=i32)), on(torch.zeros(1, dtype=i32)),
+                                              on(torch.zeros(1, dtype=i32)), on(torch.zeros(1, dtype=torch.int64)))
 
     def plan():
-        ops.hisparse_gather_plan(torch.ones(8, 16, dtype=u8), torch.zeros(4, 16, dtype=u8),
-                                 torch.tensor([[1]], dtype=i32), torch.tensor([[0]], dtype=i32),
-                                 torch.tensor([[1]], dtype=i32), None)
+        ops.hisparse_gather_plan(host(8, 16), on(torch.zeros(4, 16, dtype=u8)), on(torch.tensor([[1]], dtype=i32)),
+                                 on(torch.tensor([[0]], dtype=i32)), on(torch.tensor([[1]], dtype=i32)), None)
 
     def compact():
-        ops.hisparse_gather_compact(torch.ones(8, 16, dtype=u8), torch.zeros(1, 4, 16, dtype=u8),
-                                    torch.tensor([[1]], dtype=i32), torch.tensor([[0]], dtype=i32),
-                                    torch.tensor([1], dtype=i32))
+        ops.hisparse_gather_compact(host(8, 16), on(torch.zeros(1, 4, 16, dtype=u8)),
+                                    on(torch.tensor([[1]], dtype=i32)), on(torch.tensor([[0]], dtype=i32)),
+                                    on(torch.tensor([1], dtype=i32)))
 
     return {"hisparse_resolve_residency": resolve, "hisparse_invalidate_written_slots": invalidate,
             "hisparse_gather_plan": plan, "hisparse_gather_compact": compact}
+
+
+def _reach(hk, device: str) -> dict:
+    """Call each op once through _C_cache_ops on `device`; did the bundled counter move?"""
+    out = {}
+    for name, call in _calls(device).items():
+        before = hk.call_counts()["_C_cache_ops"][device][name]
+        error = None
+        try:
+            call()
+            if device == "cuda":
+                import torch
+
+                torch.cuda.synchronize()  # a kernel fault shows here, not later
+        except Exception as exc:  # an op vLLM lacks, or one that is not ours
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        after = hk.call_counts()["_C_cache_ops"][device][name]
+        out[name] = {"reached": error is None and after == before + 1, "error": error}
+    return out
 
 
 def _configure_logging_like_vllm() -> None:
@@ -61,7 +87,8 @@ def _configure_logging_like_vllm() -> None:
 
 
 def probe() -> dict:
-    """{"vllm_version", "identity", "ops": {name: {"reached", "error"}}, "error"}."""
+    """{"vllm_version", "identity", "ops": {name: {"reached", "error"}}, "error"}; CUDA builds on a
+    GPU also report "ops_cuda" (the same calls on CUDA tensors)."""
     result: dict = {"vllm_version": None, "identity": None, "ops": {}, "error": None}
     try:
         import vllm
@@ -75,15 +102,11 @@ def probe() -> dict:
         ident = hk.identity()
         result["identity"] = {"version": ident.version, "source_sha256": ident.source_sha256,
                               "built_for": ident.built_for, "cuda_arch": ident.cuda_arch}
-        for name, call in _calls().items():
-            before = hk.call_counts()["_C_cache_ops"]["cpu"][name]
-            error = None
-            try:
-                call()
-            except Exception as exc:  # an op vLLM lacks, or one that is not ours
-                error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            after = hk.call_counts()["_C_cache_ops"]["cpu"][name]
-            result["ops"][name] = {"reached": error is None and after == before + 1, "error": error}
+        result["ops"] = _reach(hk, "cpu")
+        import torch
+
+        if ident.built_for == "cuda" and torch.cuda.is_available():
+            result["ops_cuda"] = _reach(hk, "cuda")
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     return result

@@ -40,6 +40,7 @@ def cuda_ops():
 
 def _vllm_cache_ops():
     """vLLM's own _C_cache_ops kernels, where a CUDA vLLM is importable (no plugins loaded)."""
+    os.environ["VLLM_PLUGINS"] = ""  # an allow-list naming none: the bundled plugin must not take over
     try:
         import vllm._custom_ops  # noqa: F401  (loads vLLM's kernel libraries)
     except Exception as exc:
@@ -174,6 +175,7 @@ def test_resolve_bit_for_bit_with_vllm(cuda_ops, vllm_ops, seed):
         ours_state, ours = op_resolve(cuda_ops.hisparse_resolve_residency, s, gi, state, device="cuda")
         assert_same(ours_state, ours, theirs_state, theirs, f"vs vLLM, step {step}")
         state, previous = theirs_state, gi
+    assert hk.call_counts()["_C_cache_ops"]["cuda"]["hisparse_resolve_residency"] == 0, "vLLM's op was ours"
 
 
 def test_gathers_bit_for_bit_with_vllm(cuda_ops, vllm_ops):
@@ -197,6 +199,7 @@ def test_gathers_bit_for_bit_with_vllm(cuda_ops, vllm_ops):
         results.append((hot.cpu(), att.cpu(), staged.cpu()))
     for theirs, ours in zip(*results, strict=True):
         assert torch.equal(theirs, ours)
+    assert hk.call_counts()["_C_cache_ops"]["cuda"]["hisparse_gather_plan"] == 0, "vLLM's op was ours"
 
 
 def test_resolve_outputs_unwritten_entries_stay(cuda_ops):
