@@ -95,14 +95,20 @@ def test_module_suite_passes_in_the_dev_env(dev_python):
 
 
 @pytest.mark.slow
-def test_cuda_sources_compile_for_sm90(dev_python):
+def test_cuda_sources_compile_for_sm90(dev_python, tmp_path):
     try:
         hk.find_nvcc()
     except hk.KernelBuildError as exc:
         pytest.skip(str(exc))
-    result = hk.nvcc_compile_check("90", hk.torch_include_dirs(dev_python))
-    print(f"nvcc object-only compile for sm_90 (module + vLLM drop-in): {result.seconds}s with {result.nvcc}")
+    includes = hk.torch_include_dirs(dev_python)
+    result = hk.nvcc_compile_check("90", includes)
+    print(f"nvcc object-only compile for sm_90 (kernels, registration, vLLM drop-in): {result.seconds}s "
+          f"with {result.nvcc}")
     assert result.ok, result.log[-4000:]
+    broken = copy_sources(tmp_path / "broken")
+    kernels = broken / "csrc" / "hisparse_cuda_resolve.cuh"
+    kernels.write_text(kernels.read_text().replace("block_rank(bool flag", "block_rank(bool flag,,", 1))
+    assert not hk.nvcc_compile_check("90", includes, broken).ok, "a broken kernel must fail the check"
 
 
 def _vllm_cpu_python() -> str:

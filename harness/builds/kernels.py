@@ -359,7 +359,8 @@ def torch_include_dirs(python: str) -> list[str]:
 
 def nvcc_compile_check(cuda_arch: str = "90", torch_include_dirs: list[str] | None = None,
                        source_dir: Path | None = None) -> NvccCheck:
-    """Compile the CUDA sources (module and vLLM drop-in) to objects only: no link, no GPU."""
+    """Compile the CUDA build's sources (kernels, registration, vLLM drop-in) to objects only:
+    no link, no GPU."""
     if torch_include_dirs is None:
         raise KernelBuildError("nvcc_compile_check needs torch's include folders (see torch_include_dirs)")
     src = require_source_dir(source_dir) / "csrc"
@@ -379,6 +380,9 @@ def nvcc_compile_check(cuda_arch: str = "90", torch_include_dirs: list[str] | No
             [*base, "-DHISPARSE_WITH_CUDA", "-DUSE_CUDA", f"-I{src}", str(src / "hisparse_cuda.cu"),
              "-o", f"{tmp}/module.o"],
             [*base, str(dropin / "hisparse_kernels.cu"), "-o", f"{tmp}/dropin.o"],
+            # The CUDA build's registration (host code, handed to the host compiler).
+            [*base, "-DHISPARSE_WITH_CUDA", "-DUSE_CUDA", f"-I{src}", str(src / "registration.cpp"),
+             "-o", f"{tmp}/registration.o"],
         ]
         procs = [subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for job in jobs]
         logs = [proc.communicate()[0] for proc in procs]

@@ -2,7 +2,7 @@
 // blocks (hisparse_params.h builds them from tensors).
 #pragma once
 
-#include "hisparse_params.h"
+#include "hisparse_checks.h"
 
 namespace hisparse {
 
