@@ -275,6 +275,7 @@ def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None
             (tmp / MARKER).write_text(json.dumps({"identity": identity.__dict__, "build_s": build_s, "python": python,
                                                   "torch": torch_version}, indent=2), encoding="utf-8")
             shutil.move(str(log_path), tmp / "build.log")
+            tmp.chmod(0o755)  # mkdtemp makes it private; servers of other users read it too
             os.rename(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
