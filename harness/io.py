@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import sys
 import tempfile
 from datetime import UTC, datetime
 from importlib import metadata, resources
@@ -83,3 +85,21 @@ def package_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
+
+
+# Sets the parent-death signal, then becomes the real program (exec keeps the pid and the setting): a
+# child of the harness dies with the harness even when the harness is killed with SIGKILL.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, sys\n"
+    "sig, parent = int(sys.argv[1]), int(sys.argv[2])\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG\n"
+    "if os.getppid() != parent:\n"
+    "    os.kill(os.getpid(), sig)  # the parent died before the setting took hold\n"
+    "os.execvp(sys.argv[3], sys.argv[3:])\n")
+
+
+def die_with_parent(argv: list[str], sig: int = signal.SIGTERM) -> list[str]:
+    """argv wrapped so the process gets `sig` when the thread that starts it (the harness) dies."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(int(sig)), str(os.getpid()), *argv]

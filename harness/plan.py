@@ -17,8 +17,16 @@ from harness.builds.envs import env_dir_for, expected_python
 from harness.calc import sizing_for_launch, sizing_warnings
 from harness.config import ConfigError, LoadedLaunch, LoadedSweep
 from harness.io import display_path
-from harness.loadgen import ClientPlan, client_argv_template, fill_client_argv, resolve_client
+from harness.loadgen import (
+    ClientPlan,
+    blog_client_warning,
+    client_argv_template,
+    fill_client_argv,
+    resolve_client,
+    warmed_resends,
+)
 from harness.servers.base import PORT_PLACEHOLDER
+from harness.servers.preflight import PinnedMemory, hisparse_refusals, pinned_memory
 from harness.servers.vllm_command import ServerCommand, server_command
 from harness.support import (
     ResolvedDialect,
@@ -83,6 +91,8 @@ class DeploymentPlan:
     ready_timeout_s: float
     points: tuple[PointPlan, ...]
     sizing: Sizing | None = None  # predicted concurrency (vLLM engines only)
+    pinned: PinnedMemory | None = None  # host memory pinned per node (vLLM engines only)
+    api_key: str | None = None  # the key the server demands; readiness, scrapes and the client send it
 
     @property
     def launch_path(self) -> Path:
@@ -99,10 +109,27 @@ class DatasetNeed:
     recipe_name: str
     conversations_needed: int
     conversations_built: int  # what the recipe builds (the builder makes at least the need)
+    mode: str = "fresh"  # the recipe's reuse: fresh, or blog (exactly conversations_built, rotating)
+    resends: tuple[tuple[int, int], ...] = ()  # blog mode: (concurrency, warmed conversations it re-sends)
 
     @property
     def reuse(self) -> bool:
         return self.conversations_built < self.conversations_needed
+
+    @property
+    def build_conversations(self) -> int:
+        """How many conversations the run builds: the need (fresh), or exactly the recipe's (blog)."""
+        if self.mode == "blog":
+            return self.conversations_built
+        return max(self.conversations_built, self.conversations_needed)
+
+    def describe(self) -> str:
+        if self.mode != "blog":
+            return (f"fresh conversations at every point ({self.build_conversations} built, "
+                    f"{self.conversations_needed} needed)")
+        again = ", ".join(f"c{c} re-sends {n}" for c, n in self.resends) or "no point re-sends one"
+        return (f"the blog's reuse: exactly {self.conversations_built} conversations, offsets rotating as "
+                f"EvalScope does ({again})")
 
 
 @dataclass(frozen=True)
@@ -194,12 +221,32 @@ def _reserved_gpus(loaded: LoadedLaunch, gpus_per_server: int) -> int:
     return 0 if profile.engine == "sim" else gpus_per_server
 
 
-def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | None = None) -> Plan:
+def _refuse(launch: LoadedLaunch) -> PinnedMemory | None:
+    """HiSparse's start-time refusals and the pinned memory per node, before anything starts: one
+    line each (harness/servers/preflight.py); RAM from the profile's host_ram_gib where declared."""
+    profile = launch.profile
+    if profile.engine != "vllm":
+        return None
+    problems = hisparse_refusals(profile, profile.host_ram_gib)
+    if problems:
+        raise ConfigError(launch.path, problems[0], "kv.hisparse" if profile.kv.hisparse else "kv")
+    return pinned_memory(profile)
+
+
+def _reproduces_blog(loaded: LoadedSweep) -> tuple[bool, str | None]:
+    """(a GLM-5 arm on vLLM runs, the first reasoning parser an arm sets)."""
+    profiles = [ld.profile for ld in loaded.launches.values()]
+    blog = any(p.engine == "vllm" and "glm-5" in p.serve.model.lower() for p in profiles)
+    return blog, next((p.serve.reasoning_parser for p in profiles if p.serve.reasoning_parser), None)
+
+
+def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | None = None,
+              clients_dir: Path | None = None) -> Plan:
     sweep = loaded.sweep
     specs = sweep.client.point_list
     offsets = point_offsets(sweep.client.dataset_offset, [p.number for p in specs])
     needed = sweep.client.dataset_offset + sum(p.number for p in specs)
-    client = resolve_client(sweep.client)
+    client = resolve_client(sweep.client, clients_dir)
     warnings: list[str] = []
     deployments = []
     for dep in sweep.deployments:
@@ -207,14 +254,16 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
         profile = launch.profile
         resolved, notes = resolve_dialect(launch, dialect)
         warnings += [f"{dep.name}: {note}" for note in notes]
+        pinned = _refuse(launch)
         build = resolve_build(launch, envs_dir)
         command = server_command(profile, launch.path, dialect=resolved, python=build.python if build else None)
         served = sweep.client.model or profile.served_model_name
+        api_key = profile.api_key
         points = tuple(
             PointPlan(dep.name, p.parallel, p.number, off,
                       client_argv=tuple(client_argv_template(client, sweep.client, model=served, parallel=p.parallel,
                                                              number=p.number, dataset_offset=off,
-                                                             name=f"{dep.name}-c{p.parallel}")))
+                                                             name=f"{dep.name}-c{p.parallel}", api_key=api_key)))
             for p, off in zip(specs, offsets, strict=True))
         sizing = _sizing(loaded, dep.name)
         if sizing is not None:
@@ -223,11 +272,24 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
             name=dep.name, launch=launch, engine=profile.engine, dialect=command.dialect, build=build,
             command=command, gpus=sweep.gpus_per_server, reserve_gpus=_reserved_gpus(launch, sweep.gpus_per_server),
             served_model_name=profile.served_model_name, ready_timeout_s=profile.effective_ready_timeout_s,
-            points=points, sizing=sizing))
+            points=points, sizing=sizing, api_key=api_key, pinned=pinned))
     recipe = loaded.recipe.recipe
+    resends = ()
+    if recipe.reuse == "blog":
+        by_point = warmed_resends([(p.parallel, off, p.number) for p, off in zip(specs, offsets, strict=True)],
+                                  recipe.conversations)
+        resends = tuple(sorted(by_point.items()))
     need = DatasetNeed(recipe_path=loaded.recipe.path, recipe_name=recipe.name,
-                       conversations_needed=needed, conversations_built=recipe.conversations)
-    if need.reuse:
+                       conversations_needed=needed, conversations_built=recipe.conversations, mode=recipe.reuse,
+                       resends=resends)
+    blog, parser = _reproduces_blog(loaded)
+    if blog and (note := blog_client_warning(client, parser)):
+        warnings.append(note)
+    if recipe.reuse == "blog":
+        if resends:
+            warnings.append(f"dataset {display_path(need.recipe_path)} reuses conversations as the blog did: "
+                            + need.describe() + "; their prefixes are already in the prefix cache")
+    elif need.reuse:
         warnings.append(
             f"dataset {display_path(need.recipe_path)} builds {need.conversations_built} conversations but the "
             f"points need {needed} (offset {sweep.client.dataset_offset} + {sum(p.number for p in specs)}): "

@@ -56,7 +56,8 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     started_iso, started_unix = utc_now_iso(), time.time()
     t0 = time.monotonic()
     scraper = Scraper(handle.base_url + "/metrics", scrapes_path, interval_s=sweep.scrape.interval_s,
-                      keep_prefixes=sweep.scrape.keep_prefixes, timeout_s=sweep.scrape.timeout_s)
+                      keep_prefixes=sweep.scrape.keep_prefixes, timeout_s=sweep.scrape.timeout_s,
+                      api_key=handle.api_key)
 
     def should_stop() -> bool:
         return (stop is not None and stop.is_set()) or not handle.alive()
@@ -65,6 +66,7 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
         run = load_generator.run(argv, outputs_dir / "evalscope.log", timeout_s=sweep.client.timeout_s,
                                  should_stop=should_stop)
     ended_unix = time.time()
+    load_generator.scrub(outputs_dir)
     record = PointRecord(
         deployment=dep.name, parallel=point.parallel, number=point.number, dataset_offset=point.dataset_offset,
         status="ok", attempt=attempt, started_at=started_iso, ended_at=utc_now_iso(),

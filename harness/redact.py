@@ -5,6 +5,7 @@ anything is written: commands, configs, log lines and the files EvalScope leaves
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 # "token" only as a whole word part (HF_TOKEN, --auth-token): --max-tokens, --tokenizer-path and
@@ -35,6 +36,8 @@ def redact_argv(argv: list[str]) -> list[str]:
                 mask_next = True
         elif "=" in arg and is_secret_name(arg.split("=", 1)[0]):
             out.append(arg.split("=", 1)[0] + "=" + REDACTED)
+        elif "{" in arg:  # a JSON value: --extra-args '{"api_key": ...}', --kv-transfer-config '{...}'
+            out.append(_QUOTED_ENTRY.sub(_mask_quoted, arg))
         else:
             out.append(arg)
     return out
@@ -51,18 +54,19 @@ _ASSIGN_ENTRY = re.compile(r"(?<![-\w])(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<sep>=
 _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 
 
+def _mask_quoted(m: re.Match) -> str:
+    if not is_secret_name(m["name"]):
+        return m[0]
+    return f"{m['q']}{m['name']}{m['q']}{m['sep']}{m['vq']}{REDACTED}{m['vq']}"
+
+
 def redact_text(text: str) -> str:
     """A log line or file body with every secret value it shows masked."""
-    def quoted(m: re.Match) -> str:
-        if not is_secret_name(m["name"]):
-            return m[0]
-        return f"{m['q']}{m['name']}{m['q']}{m['sep']}{m['vq']}{REDACTED}{m['vq']}"
-
     def plain(m: re.Match) -> str:
         return m[0] if not is_secret_name(m["name"]) else f"{m['name']}{m['sep']}{REDACTED}"
 
     text = _BEARER.sub(lambda m: m[1] + REDACTED, text)
-    text = _QUOTED_ENTRY.sub(quoted, text)
+    text = _QUOTED_ENTRY.sub(_mask_quoted, text)
     text = _FLAG_ENTRY.sub(plain, text)
     return _ASSIGN_ENTRY.sub(plain, text)
 
@@ -81,3 +85,23 @@ def redact_config(obj: Any) -> Any:
     if isinstance(obj, list):
         return [redact_config(x) for x in obj]
     return obj
+
+
+TEXT_SUFFIXES = (".json", ".jsonl", ".log", ".txt", ".yaml", ".yml", ".md", ".csv", ".html")
+
+
+def scrub_text_files(folder: Path) -> list[Path]:
+    """Rewrite every text file under `folder` with its secrets masked; the files that changed."""
+    changed = []
+    for path in sorted(Path(folder).rglob("*")):
+        if not path.is_file() or path.suffix.lower() not in TEXT_SUFFIXES:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        clean = redact_text(text)
+        if clean != text:
+            path.write_text(clean, encoding="utf-8")
+            changed.append(path)
+    return changed

@@ -171,7 +171,8 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
         recorder.update_deployment(name, build=_build_record(plan.deployment(name), prepared.provenance()))
 
     launcher = launcher or make_launcher(options)
-    run = _Run(plan, recorder, outcome, dataset, launcher, load_generator or LoadGenerator(), options, progress)
+    run = _Run(plan, recorder, outcome, dataset, launcher, load_generator or LoadGenerator(options.pid_dir),
+               options, progress)
     try:
         with stop_servers_on_signal(launcher):
             slots = max(1, min(len(todo), launcher.nodes_for(max(d.reserve_gpus for d in todo))))
@@ -249,7 +250,8 @@ def _server_spec(run: _Run, dep: DeploymentPlan) -> ServerSpec:
     return ServerSpec(name=dep.name, argv=list(dep.command.argv), env=dict(dep.command.env), host=profile.host,
                       port=profile.port or 0, log_path=run.recorder.paths.server_log(dep.name),
                       ready_timeout_s=dep.ready_timeout_s, gpus=dep.reserve_gpus,
-                      served_model_name=dep.served_model_name, pid_dir=run.options.pid_dir, prepare=prepare)
+                      served_model_name=dep.served_model_name, api_key=dep.api_key, pid_dir=run.options.pid_dir,
+                      prepare=prepare)
 
 
 class _Server:

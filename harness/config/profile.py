@@ -39,6 +39,10 @@ class ServeArgs(StrictModel):
     tensor_parallel_size: int = Field(default=1, ge=1)
     data_parallel_size: int | None = Field(default=None, ge=1)
     pipeline_parallel_size: int | None = Field(default=None, ge=1)
+    decode_context_parallel_size: int | None = Field(default=None, ge=1)
+    distributed_executor_backend: Literal["mp", "ray", "uni", "external_launcher"] | None = Field(
+        default=None, description="vLLM's executor; under ray each TP rank pins its own HiSparse pool")
+    compilation_config: dict[str, Any] | None = Field(default=None, description="rendered as JSON")
     enable_expert_parallel: bool | None = None
     kv_cache_dtype: str | None = None
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
@@ -234,5 +238,17 @@ class LaunchProfile(StrictModel):
     @property
     def served_model_name(self) -> str:
         return self.serve.served_model_name or self.serve.model
+
+    @property
+    def api_key(self) -> str | None:
+        """The API key the server will demand: `--api-key` in extra_args, else VLLM_API_KEY in its
+        env (vLLM's two ways; the simulated engine honours the same two)."""
+        args = self.extra_args
+        for i, arg in enumerate(args):
+            if arg == "--api-key" and i + 1 < len(args):
+                return args[i + 1]
+            if arg.startswith("--api-key="):
+                return arg.split("=", 1)[1]
+        return self.env.get("VLLM_API_KEY") or None
 
 

@@ -63,12 +63,17 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 def scrape_once(url: str, keep_prefixes: Sequence[str] = DEFAULT_KEEP_PREFIXES,
-                timeout_s: float = 10.0) -> list[Sample]:
-    """GET `url` and parse it; raises ScrapeError or PromParseError (both HarnessError)."""
+                timeout_s: float = 10.0, api_key: str | None = None) -> list[Sample]:
+    """GET `url` and parse it; raises ScrapeError or PromParseError (both HarnessError).
+
+    Direct, never through a proxy from the environment: the server is one the harness started."""
     import requests
 
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = requests.get(url, timeout=timeout_s)
+        with requests.Session() as session:
+            session.trust_env = False  # no HTTP(S)_PROXY, no .netrc
+            response = session.get(url, timeout=timeout_s, headers=headers)
     except requests.RequestException as exc:
         raise ScrapeError(f"{url}: {type(exc).__name__}: {_one_line(exc)}") from None
     if response.status_code != 200:
@@ -77,10 +82,10 @@ def scrape_once(url: str, keep_prefixes: Sequence[str] = DEFAULT_KEEP_PREFIXES,
 
 
 def scrape_records(url: str, index: int, keep_prefixes: Sequence[str],
-                   timeout_s: float) -> list[ScrapeRecord]:
+                   timeout_s: float, api_key: str | None = None) -> list[ScrapeRecord]:
     """One scrape as the records it appends; a failure becomes one error record, never an exception."""
     try:
-        samples = scrape_once(url, keep_prefixes, timeout_s)
+        samples = scrape_once(url, keep_prefixes, timeout_s, api_key)
         error = None
     except HarnessError as exc:
         samples, error = [], _one_line(exc)
@@ -103,7 +108,8 @@ class Scraper:
     """
 
     def __init__(self, url: str, out_path: Path, interval_s: float = 30.0,
-                 keep_prefixes: Sequence[str] = DEFAULT_KEEP_PREFIXES, timeout_s: float = 10.0):
+                 keep_prefixes: Sequence[str] = DEFAULT_KEEP_PREFIXES, timeout_s: float = 10.0,
+                 api_key: str | None = None):
         if interval_s <= 0 or timeout_s <= 0:
             raise ValueError("interval_s and timeout_s must be > 0")
         self.url = url
@@ -111,6 +117,7 @@ class Scraper:
         self.interval_s = float(interval_s)
         self.keep_prefixes = list(keep_prefixes)
         self.timeout_s = float(timeout_s)
+        self.api_key = api_key
         self.scrapes_taken = 0
         self.scrapes_failed = 0
         self._stop_event = threading.Event()
@@ -169,7 +176,7 @@ class Scraper:
             self._thread_error = exc
 
     def _scrape(self) -> None:
-        records = scrape_records(self.url, self.scrapes_taken, self.keep_prefixes, self.timeout_s)
+        records = scrape_records(self.url, self.scrapes_taken, self.keep_prefixes, self.timeout_s, self.api_key)
         assert self._out is not None
         self._out.write("".join(json.dumps(r.to_json()) + "\n" for r in records))
         self._out.flush()

@@ -53,6 +53,7 @@ class ServerSpec:
     ready_timeout_s: float
     gpus: int  # GPUs the server needs (Ray: placement group bundle + actor num_gpus)
     served_model_name: str  # must be listed by /v1/models before the server counts as ready
+    api_key: str | None = None  # the server's own API key: readiness and health checks send it
     ready_probe_request: bool = True  # readiness also needs one real chat completion (max_tokens 1)
     pid_dir: Path | None = None  # where pidfiles live (None: DEFAULT_PID_DIR)
     # Run on the node that will run the server, before it starts (Ray: inside the actor): makes
@@ -157,6 +158,7 @@ class ServerHandle(ABC):
     log_path: Path
     cuda_visible_devices: str | None
     build_provenance: dict | None = None  # set where the server's node prepared its own build
+    api_key: str | None = None  # what clients of this server must send (readiness, health, scrapes, load)
 
     @property
     def base_url(self) -> str:

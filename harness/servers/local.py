@@ -22,9 +22,10 @@ class LocalServerHandle(ServerHandle):
         self.log_path = Path(server.spec.log_path)
         self.cuda_visible_devices = server.spec.env.get("CUDA_VISIBLE_DEVICES",
                                                         os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.api_key = server.spec.api_key
 
     def healthy(self, timeout_s: float = 5) -> bool:
-        return self.alive() and http_healthy(self.base_url, timeout_s)
+        return self.alive() and http_healthy(self.base_url, timeout_s, self.api_key)
 
     def alive(self) -> bool:
         return self._server.alive()

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO
 
-from harness.redact import redact_argv
+from harness.io import die_with_parent
+from harness.redact import redact_argv, redact_text
 from harness.servers.base import ServerSpec, ServerStartError, Teardown, fill_placeholders, read_log_tail
 
 _PROC = Path("/proc")
@@ -205,29 +209,35 @@ def terminate_tree(root_pid: int, *, session_id: int | None = None, not_before_t
 
 # ---- readiness ---------------------------------------------------------------------------------
 
-def _get(url: str, timeout_s: float) -> tuple[int, bytes]:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _get(url: str, timeout_s: float, api_key: str | None = None) -> tuple[int, bytes]:
     try:
-        with _OPENER.open(url, timeout=timeout_s) as resp:
+        with _OPENER.open(urllib.request.Request(url, headers=auth_headers(api_key)), timeout=timeout_s) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
 
 
-def http_healthy(base_url: str, timeout_s: float = 5) -> bool:
+def http_healthy(base_url: str, timeout_s: float = 5, api_key: str | None = None) -> bool:
     try:
-        status, _ = _get(f"{base_url}/health", timeout_s)
+        status, _ = _get(f"{base_url}/health", timeout_s, api_key)
     except (OSError, ValueError):
         return False
     return status == 200
 
 
-def probe_once(base_url: str, served_model_name: str, probe_request: bool, timeout_s: float) -> str | None:
-    """None when ready, else what is not ready yet (for the timeout message)."""
+def probe_once(base_url: str, served_model_name: str, probe_request: bool, timeout_s: float,
+               api_key: str | None = None) -> str | None:
+    """None when ready, else what is not ready yet (for the timeout message). With the server's API
+    key every request carries it, as a client's would."""
     try:
-        status, _ = _get(f"{base_url}/health", timeout_s)
+        status, _ = _get(f"{base_url}/health", timeout_s, api_key)
         if status != 200:
             return f"/health answered {status}"
-        status, body = _get(f"{base_url}/v1/models", timeout_s)
+        status, body = _get(f"{base_url}/v1/models", timeout_s, api_key)
         if status != 200:
             return f"/v1/models answered {status}"
         models = [m.get("id") for m in json.loads(body).get("data", [])]
@@ -238,7 +248,7 @@ def probe_once(base_url: str, served_model_name: str, probe_request: bool, timeo
         payload = json.dumps({"model": served_model_name, "max_tokens": 1, "stream": False,
                               "messages": [{"role": "user", "content": "Hello"}]}).encode()
         req = urllib.request.Request(f"{base_url}/v1/chat/completions", data=payload,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **auth_headers(api_key)})
         try:
             with _OPENER.open(req, timeout=timeout_s) as resp:
                 status, body = resp.status, resp.read()
@@ -264,14 +274,33 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+class LogPump(threading.Thread):
+    """Copies a server's output into its log line by line, secrets masked before they are written
+    (vLLM prints its non-default arguments, an API key among them in older releases)."""
+
+    def __init__(self, stream: IO[bytes], log_path: Path):
+        super().__init__(name=f"log-pump:{log_path.name}", daemon=True)
+        self.stream, self.log_path = stream, log_path
+
+    def run(self) -> None:
+        with self.log_path.open("ab") as log:
+            for raw in iter(self.stream.readline, b""):
+                log.write(redact_text(raw.decode("utf-8", errors="replace")).encode("utf-8"))
+                log.flush()
+        self.stream.close()
+
+
 class ServerProcess:
     """The subprocess of one server start, its identity, and its teardown."""
 
-    def __init__(self, spec: ServerSpec, host: str, port: int, popen: subprocess.Popen):
+    def __init__(self, spec: ServerSpec, host: str, port: int, popen: subprocess.Popen, argv: list[str],
+                 pump: LogPump | None = None):
         self.spec = spec
         self.host = host
         self.port = port
         self.popen = popen
+        self.argv = argv  # what runs (without the parent-death wrapper)
+        self.pump = pump
         self.pid = popen.pid
         info = proc_info(popen.pid)
         self.start_ticks = info.start_ticks if info else 0
@@ -285,7 +314,8 @@ class ServerProcess:
 
     @classmethod
     def start(cls, spec: ServerSpec, host: str, port: int) -> ServerProcess:
-        """Spawn in a new session (own process group), output appended to spec.log_path."""
+        """Spawn in a new session (own process group), dying with its starter, output appended
+        (redacted) to spec.log_path."""
         argv = fill_placeholders(spec.argv, host=host, port=port)
         log_path = Path(spec.log_path)
         if port_open("127.0.0.1" if host in ("0.0.0.0", "") else host, port):
@@ -300,13 +330,23 @@ class ServerProcess:
                      f"{' '.join(redact_argv(argv))} =====\n"
             log.write(marker.encode())
             log.flush()
-            try:
-                popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            except OSError as exc:
-                raise ServerStartError(spec.name, f"cannot run {argv[0]!r}: {exc}", log_path,
-                                       read_log_tail(log_path)) from exc
-        return cls(spec, host, port, popen)
+        if shutil.which(argv[0], path=env.get("PATH")) is None:
+            raise ServerStartError(spec.name, f"cannot run {argv[0]!r}: [Errno 2] No such file or directory",
+                                   log_path, read_log_tail(log_path))
+        try:
+            popen = subprocess.Popen(die_with_parent(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as exc:
+            raise ServerStartError(spec.name, f"cannot run {argv[0]!r}: {exc}", log_path,
+                                   read_log_tail(log_path)) from exc
+        pump = LogPump(popen.stdout, log_path)
+        pump.start()
+        return cls(spec, host, port, popen, argv, pump)
+
+    def _drain_log(self, timeout_s: float = 2.0) -> None:
+        """Let the log pump write what the process printed before it exited."""
+        if self.pump is not None and self.popen.poll() is not None:
+            self.pump.join(timeout_s)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -323,7 +363,8 @@ class ServerProcess:
             if remaining <= 0:
                 raise self.start_error(f"not ready after {self.spec.ready_timeout_s:g} s ({last})")
             not_ready = probe_once(self.base_url, self.spec.served_model_name,
-                                   self.spec.ready_probe_request, timeout_s=max(0.5, min(remaining, 60)))
+                                   self.spec.ready_probe_request, timeout_s=max(0.5, min(remaining, 60)),
+                                   api_key=self.spec.api_key)
             if not_ready is None:
                 if self.popen.poll() is None:
                     return
@@ -332,6 +373,7 @@ class ServerProcess:
             time.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
 
     def start_error(self, reason: str) -> ServerStartError:
+        self._drain_log()
         return ServerStartError(self.spec.name, reason, self.spec.log_path, read_log_tail(self.spec.log_path))
 
     def stop(self, grace_s: float = 15) -> Teardown:
@@ -344,6 +386,7 @@ class ServerProcess:
             self.popen.wait(timeout=1)
         except subprocess.TimeoutExpired:
             pass
+        self._drain_log()
         if self.teardown.clean and self.pidfile is not None:
             self.pidfile.unlink(missing_ok=True)
         return self.teardown

@@ -137,9 +137,10 @@ class RayServerHandle(ServerHandle):
         self.node_id = info.node_id
         self.log_path = Path(spec.log_path)
         self.cuda_visible_devices = info.cuda_visible_devices
+        self.api_key = spec.api_key
 
     def healthy(self, timeout_s: float = 5) -> bool:
-        return http_healthy(self.base_url, timeout_s)
+        return http_healthy(self.base_url, timeout_s, self.api_key)
 
     def alive(self) -> bool:
         try:

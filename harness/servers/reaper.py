@@ -1,16 +1,19 @@
 """Pidfiles, so that servers outlive no harness: a harness killed with SIGKILL cannot stop its
 servers (vllm #16259), so the next harness start finds their pidfiles and stops them.
 
-One JSON file per server in the pid dir. A server is stale when its owning harness process is
-gone; both pids are checked together with their start times so a recycled pid is never taken for
-the original process. Pidfiles are node-local: on a multi-node Ray cluster each node's pid dir is
-reaped only by a harness started on that node.
+One JSON file per server (and per load-generator client) in the pid dir. A process is stale when
+its owning harness process is gone; both pids are checked together with their start times so a
+recycled pid is never taken for the original process. Each pidfile names its host and boot: a
+reaper acts only on its own host's processes and never deletes a pidfile of another host (pid dirs
+may sit on a home directory shared by several machines); a pidfile from an earlier boot of this
+host names no live process and is removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,6 +42,13 @@ class Owner:
         return is_running(self.pid, self.start_ticks)
 
 
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class PidRecord:
     name: str
@@ -52,6 +62,16 @@ class PidRecord:
     harness_pid: int
     harness_start_ticks: int
     created_unix_s: float
+    hostname: str = ""  # empty in files of older harnesses: taken as this host
+    boot_id: str = ""
+    kind: str = "server"  # server | client
+
+    def here(self) -> bool:
+        """Written on this host (a shared pid dir holds other hosts' files too)."""
+        return not self.hostname or self.hostname == socket.gethostname()
+
+    def this_boot(self) -> bool:
+        return not self.boot_id or self.boot_id == boot_id()
 
 
 @dataclass(frozen=True)
@@ -76,12 +96,27 @@ def track(server: ServerProcess, pid_dir: Path, owner: Owner | None = None) -> P
     """Write the pidfile of a freshly started server; ServerProcess.stop() removes it."""
     owner = owner or Owner.current()
     record = PidRecord(name=server.spec.name, pid=server.pid, pgid=server.pid, start_ticks=server.start_ticks,
-                       argv_head=redact_argv(list(server.popen.args))[:_ARGV_HEAD], host=server.host,
+                       argv_head=redact_argv(list(server.argv))[:_ARGV_HEAD], host=server.host,
                        port=server.port, log_path=str(server.spec.log_path), harness_pid=owner.pid,
-                       harness_start_ticks=owner.start_ticks, created_unix_s=time.time())
+                       harness_start_ticks=owner.start_ticks, created_unix_s=time.time(),
+                       hostname=socket.gethostname(), boot_id=boot_id())
     path = pidfile_path(Path(pid_dir).expanduser(), record.name, record.pid)
     atomic_write_json(path, asdict(record))
     server.pidfile = path
+    return path
+
+
+def track_client(name: str, pid: int, argv: list[str], pid_dir: Path, owner: Owner | None = None) -> Path:
+    """A pidfile for a load-generator process, so a harness killed mid-point leaves no client behind
+    (the parent-death signal stops it at once; this covers what that cannot, e.g. a reparented child)."""
+    owner = owner or Owner.current()
+    info = proc_info(pid)
+    record = PidRecord(name=name, pid=pid, pgid=pid, start_ticks=info.start_ticks if info else 0,
+                       argv_head=redact_argv(argv)[:_ARGV_HEAD], host="", port=0, log_path="",
+                       harness_pid=owner.pid, harness_start_ticks=owner.start_ticks, created_unix_s=time.time(),
+                       hostname=socket.gethostname(), boot_id=boot_id(), kind="client")
+    path = pidfile_path(Path(pid_dir).expanduser(), f"client-{name}", pid)
+    atomic_write_json(path, asdict(record))
     return path
 
 
@@ -115,6 +150,11 @@ def reap_stale_servers(pid_dir: Path | None = None, grace_s: float = 10) -> list
     for path, record in read_pidfiles(pid_dir or DEFAULT_PID_DIR):
         if record is None:
             path.unlink(missing_ok=True)
+            continue
+        if not record.here():
+            continue  # another host's process: only a reaper there may judge it
+        if not record.this_boot():
+            path.unlink(missing_ok=True)  # written before this host last booted: nothing of it runs
             continue
         if is_running(record.harness_pid, record.harness_start_ticks):
             continue  # its harness still runs and will stop it

@@ -49,7 +49,7 @@ def _serve_flags(serve: ServeArgs) -> list[str]:
         if isinstance(value, bool):
             flags.append(flag if value else "--no-" + name.replace("_", "-"))
         else:
-            flags += [flag, str(value)]
+            flags += [flag, compact_json(value) if isinstance(value, dict) else str(value)]
     return flags
 
 

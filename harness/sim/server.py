@@ -252,8 +252,16 @@ class SimServer:
 
     # ---------------------------------------------------------------- app
 
+    @web.middleware
+    async def require_api_key(self, request: web.Request, handler) -> web.StreamResponse:
+        """As vLLM's --api-key / VLLM_API_KEY: every /v1 route needs `Authorization: Bearer <key>`."""
+        key = self.profile.api_key
+        if key and request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {key}":
+            return _error(401, "Unauthorized", "authentication_error")
+        return await handler(request)
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 2**20)
+        app = web.Application(client_max_size=256 * 2**20, middlewares=[self.require_api_key])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/version", self.version)
@@ -298,6 +306,9 @@ async def serve(server: SimServer, host: str, port: int) -> None:
     if sockets:
         bound = sockets[0].getsockname()[1]
     server.log(f"sim: SIMULATED engine (no GPU): {server.describe()}")
+    if server.profile.api_key:  # as older vLLM releases do: the key appears among the printed arguments
+        server.log(f"sim: non-default args: {{'api_key': {server.profile.api_key!r}, "
+                   f"'served_model_name': [{server.model_name!r}]}}")
     server.log(f"sim: serving {server.model_name} on http://{host}:{bound}")
     try:
         await asyncio.Event().wait()
