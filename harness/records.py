@@ -73,7 +73,8 @@ class PointMetrics(Record):
     window_s: float | None = None
 
 
-PointStatus = Literal["ok", "failed"]
+# degraded: the point ran to its end but more requests failed than the sweep allows (max_failed_requests)
+PointStatus = Literal["ok", "degraded", "failed"]
 
 
 class PointRecord(Record):
@@ -99,6 +100,7 @@ class PointRecord(Record):
     server_restarted: bool = False
     simulated: bool = False
     gpus_per_server: int
+    warnings: list[str] = Field(default_factory=list)  # what makes the numbers doubtful though the point ran
     summary: EvalScopeSummary | None = None
     metrics: PointMetrics | None = None
 
@@ -109,7 +111,7 @@ class PointRecord(Record):
 
 # ---- the manifest ---------------------------------------------------------------------------------
 
-RunStatus = Literal["running", "ok", "failed", "stopped", "interrupted"]
+RunStatus = Literal["running", "ok", "degraded", "failed", "stopped", "interrupted"]
 
 
 class GpuRecord(Record):
@@ -187,6 +189,29 @@ class BuildRecord(Record):
     kernel: KernelRecord | None = None
 
 
+class HiSparseEvidence(Record):
+    """What the running server showed of HiSparse (harness/evidence.py): its start-up lines, the
+    `vllm:hisparse_` families of its first scrape, and the calculator beside the logged concurrency."""
+
+    requested: bool = False
+    active: bool | None = None  # None: not checked
+    problem: str | None = None  # set when HiSparse was requested and neither witness shows it
+    start_lines: list[str] = Field(default_factory=list)
+    host_pool_gib: float | None = None  # the blog branch's start line names its pool
+    top_k: int | None = None
+    device_buffer_size: int | None = None
+    lru_rows: int | None = None
+    max_num_seqs: int | None = None
+    host_source_gib: float | None = None
+    host_source_blocks: int | None = None
+    gpu_pool_gib: float | None = None
+    gpu_pool_blocks: int | None = None
+    logged_max_concurrency: float | None = None
+    logged_concurrency_tokens: int | None = None
+    predicted_concurrency: int | None = Field(default=None, description="the calculator at the logged length")
+    metric_families: list[str] = Field(default_factory=list)
+
+
 class DeploymentRecord(Record):
     """One deployment of a run: what it is, where its server ran, and how often it restarted."""
 
@@ -199,6 +224,7 @@ class DeploymentRecord(Record):
     server_version: dict[str, str] = Field(default_factory=dict)
     build: BuildRecord | None = None
     policy: str | None = None  # simulated engine: its KV residency policy
+    evidence: HiSparseEvidence | None = None  # what the server showed of HiSparse (HiSparse arms)
 
 
 class RunManifest(Record):
@@ -228,4 +254,6 @@ def run_status(points: dict[str, dict[str, str]], *, interrupted: bool, stopped_
         return "stopped"
     if interrupted or any(s == "pending" for s in statuses):
         return "interrupted"
-    return "failed" if any(s == "failed" for s in statuses) else "ok"
+    if any(s == "failed" for s in statuses):
+        return "failed"
+    return "degraded" if any(s == "degraded" for s in statuses) else "ok"

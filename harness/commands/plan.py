@@ -33,10 +33,11 @@ def plan_as_dict(plan: Plan) -> dict:
         "file": display_path(plan.sweep.path),
         "gpus_per_server": sweep.gpus_per_server,
         "client": {"evalscope_version": plan.client.version, "source": plan.client.source,
-                   "program": list(plan.client.program)},
+                   "program": list(plan.client.program), "nice": plan.client.nice},
         "dataset": {"recipe": display_path(plan.dataset.recipe_path), "name": plan.dataset.recipe_name,
                     "conversations_needed": plan.dataset.conversations_needed,
-                    "conversations_built": plan.dataset.conversations_built},
+                    "conversations_built": plan.dataset.build_conversations,
+                    "reuse": plan.dataset.mode, "resends": dict(plan.dataset.resends)},
         "deployments": [{
             "name": dep.name,
             "launch": display_path(dep.launch_path),
@@ -47,6 +48,10 @@ def plan_as_dict(plan: Plan) -> dict:
             "server_argv": redact_argv(dep.command.argv),
             "server_env": redact_env(dep.command.env),
             "server_command": dep.command.shell_line(),
+            "client": plan.client.describe(),
+            "pinned_host": None if dep.pinned is None else {
+                "executor": dep.pinned.executor, "nodes": dep.pinned.nodes,
+                "hisparse_pools_per_node": dep.pinned.hisparse_pools, "per_node_gib": dep.pinned.per_node_gib},
             "sizing": None if dep.sizing is None else {
                 "seq_len": dep.sizing.seq_len, "predicted_concurrency": dep.sizing.predicted_concurrency,
                 "baseline_concurrency": dep.sizing.baseline_concurrency, "layout": dep.sizing.layout},
@@ -65,9 +70,8 @@ def plan_as_text(plan: Plan) -> str:
     lines = [f"Sweep {sweep.name} ({display_path(plan.sweep.path)}): {len(plan.deployments)} deployment(s) x "
              f"{n_points} point(s), {sweep.gpus_per_server} GPU(s) per server",
              f"Dataset: {display_path(plan.dataset.recipe_path)} ({plan.dataset.recipe_name}): "
-             f"{plan.dataset.conversations_needed} conversations needed, recipe builds "
-             f"{plan.dataset.conversations_built}",
-             f"Client: EvalScope {client.version or '?'} ({client.source})", ""]
+             f"{plan.dataset.describe()}",
+             f"Client: {client.describe()}", ""]
     for dep in plan.deployments:
         dialect = f", dialect {dep.dialect}" if dep.dialect else ""
         lines.append(f"Deployment {dep.name} ({display_path(dep.launch_path)}, engine {dep.engine}{dialect})")
@@ -75,6 +79,9 @@ def plan_as_text(plan: Plan) -> str:
             lines.append(f"  build: {dep.build.spec} ({dep.build.kind}; kernels {dep.build.kernels}; "
                          f"python {dep.build.python or 'the vllm on PATH'})")
         lines.append(f"  server: {dep.command.shell_line()}")
+        lines.append(f"  client: {client.describe()}")
+        if dep.pinned is not None:
+            lines.append(f"  pinned host memory: {dep.pinned.describe()}")
         if dep.sizing is not None:
             lines.append(f"  sizing: about {dep.sizing.predicted_concurrency} concurrent requests fit at "
                          f"{dep.sizing.seq_len:,} tokens (plain GPU-resident KV: "

@@ -77,5 +77,9 @@ class DatasetRecipe(StrictModel):
     max_real_first_turn_frac: float = Field(default=0.5, gt=0, le=1)
     assumed_output_length: int = Field(default=220, ge=0)
     seed: int = 42
+    reuse: Literal["fresh", "blog"] = Field(
+        default="fresh", description="fresh: the sweep builds offset + every point's number conversations, so "
+        "no point re-sends one an earlier point warmed; blog: exactly `conversations` (the blog: 128), the "
+        "points rotating through them as EvalScope does, so later points re-send warmed ones (docs/facts.md §6)")
 
 

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from harness.schema import RelPath, Slug, StrictModel, must_exist
+
+# A pinned EvalScope: a release ("1.7.0") or a git ref ("acd09b44", "modelscope/evalscope@acd09b44").
+EVALSCOPE_REPO = "modelscope/evalscope"
+_EVALSCOPE_VERSION_RE = re.compile(r"^(?:==)?(\d+(?:\.\d+){1,3}(?:(?:a|b|rc|\.post|\.dev)\d+)?)$")
+_EVALSCOPE_GIT_RE = re.compile(r"^(?:(?P<repo>[\w.-]+/[\w.-]+)@)?(?P<ref>[\w./-]+)$")
+
+
+def evalscope_spec_parts(spec: str) -> tuple[str, str | None, str | None]:
+    """("pypi", version, None) or ("git", repo, ref) for a client.evalscope value (validated)."""
+    m = _EVALSCOPE_VERSION_RE.match(spec)
+    if m:
+        return "pypi", m.group(1), None
+    g = _EVALSCOPE_GIT_RE.match(spec)
+    if g is None:
+        raise ValueError(f"cannot read evalscope {spec!r}; write a release like '1.7.0' or a git ref like "
+                         f"'acd09b44' or '{EVALSCOPE_REPO}@acd09b44'")
+    return "git", g.group("repo") or EVALSCOPE_REPO, g.group("ref")
 
 
 class PointSpec(StrictModel):
@@ -28,6 +46,20 @@ class ClientSettings(StrictModel):
     number: list[int] | None = None
     timeout_s: float = Field(default=6 * 3600, gt=0, description="wall limit for one point's EvalScope run")
     evalscope_args: list[str] = Field(default_factory=list, description="appended verbatim")
+    evalscope: str | None = Field(default=None, description="the EvalScope the points run: a release "
+                                  "('1.7.0', the blog's) or a git ref, built once into a cached environment; "
+                                  "default: the harness's own")
+    nice: int = Field(default=0, ge=0, le=19, description="run EvalScope at this lower CPU priority (a "
+                      "client sharing cores with the server steals its time; docs/tpot.md)")
+
+    @field_validator("evalscope")
+    @classmethod
+    def _readable_evalscope(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = str(value).strip()
+        evalscope_spec_parts(value)
+        return value
 
     @model_validator(mode="after")
     def _one_point_list(self) -> ClientSettings:

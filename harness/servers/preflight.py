@@ -3,21 +3,160 @@
 A vLLM with HiSparse or offload pins its host pools at start and refuses pools above
 95% of the RAM it can see (docs/facts.md §2); a server needing more GPUs than the host has
 waits out its whole ready timeout. Both are known before anything starts.
+
+HiSparse's own refusals (pipeline or decode context parallel > 1, cudagraph_mode FULL, a pool too
+small for one request, a pinned pool above 95% of RAM) come from vLLM only after it has loaded the
+weights, about 700 GiB for GLM-5.3: `hisparse_refusals` says them from the profile alone, so the plan
+refuses such a profile and the sweep never starts it. The pinned memory is counted per node for the
+executor vLLM will really use (docs/facts.md §2): one HiSparse pool per DP replica, shared by its TP
+ranks, under the default multiprocessing executor on one node; one per TP rank under Ray or across
+nodes.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from harness.calc import pinned_host_gib
+from harness.calc.formulas import BLOCK_BYTES, BLOCK_TOKENS, GIB
 from harness.config import LaunchProfile
 from harness.io import atomic_write_json, utc_now_iso
 from harness.provenance import gpu_info, host_ram_gib
 
 PINNED_RAM_LIMIT = 0.95  # vLLM refuses a pinned pool above this share of available RAM
 MIN_FREE_DISK_GIB = 1.0  # logs, EvalScope databases and scrapes of a long sweep
+SPARE_POOL_BLOCKS = 2  # vLLM wants ceil(max_model_len / block) + 2 blocks in the host pool
+_BF16_DTYPES = ("auto", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class PinnedMemory:
+    """The host memory one node pins for a profile, under the executor vLLM will use."""
+
+    executor: str  # "mp" (vLLM's default on one node) or "ray"
+    nodes: int
+    hisparse_pools: int  # HiSparse pools pinned on one node
+    per_node_gib: float
+
+    def describe(self) -> str:
+        if self.hisparse_pools == 0:
+            return f"{self.per_node_gib:g} GiB pinned per node (executor {self.executor})"
+        shared = ("one HiSparse pool per DP replica, shared by its TP ranks" if self.executor == "mp" and self.nodes == 1
+                  else "one HiSparse pool per TP rank")
+        return (f"{self.per_node_gib:g} GiB pinned per node (executor {self.executor}"
+                f"{f', {self.nodes} nodes' if self.nodes > 1 else ''}: {shared}, {self.hisparse_pools} on a node)")
+
+
+def _flag_value(args: list[str], *names: str) -> str | None:
+    """The value of `--name v`, `--name=v` (the last one wins, as argparse does)."""
+    found = None
+    for i, arg in enumerate(args):
+        for name in names:
+            if arg == name and i + 1 < len(args):
+                found = args[i + 1]
+            elif arg.startswith(name + "="):
+                found = arg.split("=", 1)[1]
+    return found
+
+
+def _int_flag(args: list[str], *names: str) -> int | None:
+    value = _flag_value(args, *names)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def executor_of(profile: LaunchProfile) -> tuple[str, int]:
+    """(vLLM's distributed executor, nodes) for a profile: serve.distributed_executor_backend or
+    --distributed-executor-backend in extra_args, and --nnodes; vLLM's default is mp on one node."""
+    serve, extra = profile.serve, list(profile.extra_args)
+    backend = getattr(serve, "distributed_executor_backend", None) or _flag_value(
+        extra, "--distributed-executor-backend")
+    nodes = _int_flag(extra, "--nnodes") or 1
+    return (backend or "mp"), max(1, nodes)
+
+
+def pinned_memory(profile: LaunchProfile) -> PinnedMemory:
+    """Pinned host memory per node: the HiSparse pools (per DP replica or per TP rank) plus the
+    offload pool (cpu_bytes, counted once per node)."""
+    serve = profile.serve
+    executor, nodes = executor_of(profile)
+    pools = 0
+    if profile.kv.hisparse is not None:
+        dp = serve.data_parallel_size or 1
+        ranks = serve.tensor_parallel_size * dp
+        per_rank = executor != "mp" or nodes > 1
+        pools = math.ceil((ranks if per_rank else dp) / nodes)
+    gib = pools * (profile.kv.hisparse.host_pool_gib if profile.kv.hisparse else 0.0)
+    if profile.kv.offload is not None:
+        gib += profile.kv.offload.cpu_bytes / GIB
+    return PinnedMemory(executor=executor, nodes=nodes, hisparse_pools=pools, per_node_gib=round(gib, 1))
+
+
+def _compilation_config(profile: LaunchProfile) -> dict[str, Any]:
+    serve_value = getattr(profile.serve, "compilation_config", None)
+    config: dict[str, Any] = dict(serve_value) if isinstance(serve_value, dict) else {}
+    raw = _flag_value(list(profile.extra_args), "--compilation-config", "-O")
+    if raw is not None:
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            config.update(parsed)
+    mode = _flag_value(list(profile.extra_args), "--compilation-config.cudagraph_mode", "-O.cudagraph_mode")
+    if mode is not None:
+        config["cudagraph_mode"] = mode
+    return config
+
+
+def _host_block_bytes(profile: LaunchProfile) -> int | None:
+    """Bytes of one 64-token block in the HiSparse host pool, for the model the calculator knows."""
+    if "glm-5" not in profile.serve.model.lower():
+        return None
+    dtype = profile.serve.kv_cache_dtype or "auto"
+    return BLOCK_BYTES[("vllm", "bf16" if dtype in _BF16_DTYPES else "fp8")].host
+
+
+def hisparse_refusals(profile: LaunchProfile, ram_gib: float | None) -> list[str]:
+    """What vLLM would refuse at start, one line each, said from the profile (and this node's RAM)."""
+    problems: list[str] = []
+    hisparse = profile.kv.hisparse
+    serve, extra = profile.serve, list(profile.extra_args)
+    if hisparse is not None and profile.engine == "vllm":
+        pp = serve.pipeline_parallel_size or _int_flag(extra, "--pipeline-parallel-size", "-pp") or 1
+        if pp > 1:
+            problems.append(f"pipeline_parallel_size {pp}: vLLM refuses HiSparse with pipeline parallelism "
+                            "(docs/facts.md §2)")
+        dcp = (getattr(serve, "decode_context_parallel_size", None)
+               or _int_flag(extra, "--decode-context-parallel-size", "-dcp") or 1)
+        if dcp > 1:
+            problems.append(f"decode_context_parallel_size {dcp}: vLLM refuses HiSparse with decode context "
+                            "parallelism (docs/facts.md §2)")
+        mode = _compilation_config(profile).get("cudagraph_mode")
+        if str(mode).upper() == "FULL" or mode == 2:
+            problems.append("compilation_config cudagraph_mode FULL: vLLM refuses HiSparse with full CUDA graphs; "
+                            "use FULL_AND_PIECEWISE or PIECEWISE (docs/facts.md §2)")
+        block_bytes = _host_block_bytes(profile)
+        if block_bytes is not None and serve.max_model_len is not None:
+            blocks = int(hisparse.host_pool_gib * GIB // block_bytes)
+            needed = math.ceil(serve.max_model_len / BLOCK_TOKENS) + SPARE_POOL_BLOCKS
+            if blocks < needed:
+                problems.append(f"kv.hisparse.host_pool_gib {hisparse.host_pool_gib:g} holds {blocks} blocks but "
+                                f"max_model_len {serve.max_model_len} needs ceil({serve.max_model_len}/"
+                                f"{BLOCK_TOKENS}) + {SPARE_POOL_BLOCKS} = {needed}: vLLM refuses the pool")
+    if profile.engine == "vllm" and ram_gib:
+        pinned = pinned_memory(profile)
+        if pinned.per_node_gib > PINNED_RAM_LIMIT * ram_gib:
+            problems.append(f"the pinned host pools ({pinned.describe()}) exceed {PINNED_RAM_LIMIT:.0%} of the "
+                            f"node's {ram_gib:g} GiB RAM: vLLM refuses to start; shrink kv.hisparse.host_pool_gib "
+                            "or kv.offload.cpu_bytes")
+    return problems
 
 
 @dataclass
@@ -25,7 +164,8 @@ class PreflightReport:
     deployment: str
     checked_at: str = field(default_factory=utc_now_iso)
     host_ram_gib: float | None = None
-    pinned_pools_gib: float = 0.0
+    pinned_pools_gib: float = 0.0  # per node, for the executor vLLM will use
+    executor: str | None = None
     gpus_needed: int = 0
     gpus_visible: int | None = None  # None: no nvidia-smi here
     gpu_model: str | None = None
@@ -46,13 +186,10 @@ def run_preflight(deployment: str, profile: LaunchProfile, gpus_needed: int, res
     """
     report = PreflightReport(deployment=deployment, host_ram_gib=host_ram_gib(), gpus_needed=gpus_needed)
     if profile.engine == "vllm" and server_on_this_host:
-        report.pinned_pools_gib = round(pinned_host_gib(profile), 1)
-        ram = report.host_ram_gib
-        if ram and report.pinned_pools_gib > PINNED_RAM_LIMIT * ram:
-            report.problems.append(
-                f"the pinned host pools ({report.pinned_pools_gib:g} GiB) exceed {PINNED_RAM_LIMIT:.0%} of this "
-                f"host's {ram:g} GiB RAM: vLLM refuses to start; shrink kv.hisparse.host_pool_gib or "
-                "kv.offload.cpu_bytes")
+        pinned = pinned_memory(profile)
+        report.pinned_pools_gib = pinned.per_node_gib
+        report.executor = pinned.executor
+        report.problems += hisparse_refusals(profile, report.host_ram_gib)
         gpus = gpu_info()
         report.gpu_model = gpus.model
         report.gpus_visible = gpus.count if gpus.model else None

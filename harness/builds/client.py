@@ -1,0 +1,158 @@
+"""Pinned EvalScope clients: the EvalScope a sweep's `client.evalscope` names, built once into a cached
+virtual environment and reused after, the way server builds are (builds/envs.py).
+
+- a release (`1.7.0`, the code the blog's commit acd09b44 shipped as): `pip install evalscope[perf]==1.7.0`;
+- a git ref (`acd09b44`, `owner/evalscope@ref`): `pip install "evalscope[perf] @ git+https://github.com/..."`.
+
+The environment lives under ~/.cache/hisparse-harness/clients/<hash of the spec and the recipe>, is
+built in a temporary folder and renamed into place (a half-built one is never used), and holds a
+marker with the version it really installed. `evalscope[perf]` brings no torch (docs/facts.md §6).
+The harness runs it as `<env>/bin/python -m evalscope.cli.cli`: module form, so the environment's
+console scripts (which name the temporary folder) never matter.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness.builds.envs import BuildStep, _run_step
+from harness.builds.probe import BuildError
+from harness.config.sweep import evalscope_spec_parts
+
+Progress = Callable[[str], None]
+
+RECIPE_VERSION = 1  # bump when the steps change: a new recipe makes a new environment
+DEFAULT_CLIENTS_DIR = Path("~/.cache/hisparse-harness/clients")
+MARKER = "harness-client.json"
+EVALSCOPE_MODULE = "evalscope.cli.cli"
+
+
+@dataclass(frozen=True)
+class ClientEnv:
+    """A built EvalScope environment, as its marker records it."""
+
+    spec: str
+    env_dir: Path
+    python: str
+    evalscope_version: str
+    created: bool
+    build_s: float
+
+    @property
+    def program(self) -> tuple[str, ...]:
+        return (self.python, "-m", EVALSCOPE_MODULE)
+
+
+def client_key(spec: str) -> str:
+    material = {"recipe": RECIPE_VERSION, "evalscope": spec,
+                "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def client_env_dir(spec: str, clients_dir: Path | None = None) -> Path:
+    return (clients_dir or DEFAULT_CLIENTS_DIR).expanduser() / client_key(spec)
+
+
+def client_program(spec: str, clients_dir: Path | None = None) -> tuple[str, ...]:
+    """The command prefix the pinned client has (or will have once built): a pure function of the spec,
+    so the plan renders the points' commands without building anything."""
+    return (str(client_env_dir(spec, clients_dir) / "bin" / "python"), "-m", EVALSCOPE_MODULE)
+
+
+def requirement(spec: str) -> str:
+    kind, first, ref = evalscope_spec_parts(spec)
+    if kind == "pypi":
+        return f"evalscope[perf]=={first}"
+    return f"evalscope[perf] @ git+https://github.com/{first}.git@{ref}"
+
+
+def planned_version(spec: str) -> str | None:
+    """The version a release spec pins (None for a git ref: known only once built)."""
+    kind, first, _ = evalscope_spec_parts(spec)
+    return first if kind == "pypi" else None
+
+
+def recipe_steps(spec: str, env_dir: Path) -> list[BuildStep]:
+    python = str(env_dir / "bin" / "python")
+    return [BuildStep([sys.executable, "-m", "venv", str(env_dir)], "create the client's virtual environment"),
+            BuildStep([python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+                       requirement(spec)], f"install {requirement(spec)}")]
+
+
+def read_client_marker(env_dir: Path) -> ClientEnv | None:
+    try:
+        data = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))
+        return ClientEnv(spec=data["spec"], env_dir=Path(data["env_dir"]), python=data["python"],
+                         evalscope_version=data["evalscope_version"], created=False,
+                         build_s=float(data.get("build_s", 0.0)))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _installed_version(python: str) -> str | None:
+    code = "import importlib.metadata as m; print(m.version('evalscope'))"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _build_into(spec: str, tmp: Path, final: Path, progress: Progress) -> ClientEnv:
+    started = time.monotonic()
+    log_path = tmp.parent / f".{tmp.name}.log"
+    steps = recipe_steps(spec, tmp)
+    for i, step in enumerate(steps, 1):
+        _run_step(step, log_path, progress, f"client evalscope {spec} [{i}/{len(steps)}]")
+    version = _installed_version(str(tmp / "bin" / "python"))
+    if version is None:
+        raise BuildError(f"client evalscope {spec}: the new environment cannot report its evalscope version "
+                         f"(log {log_path})")
+    kind, pinned, _ = evalscope_spec_parts(spec)
+    if kind == "pypi" and version != pinned:
+        raise BuildError(f"client evalscope {spec}: pip installed evalscope {version}")
+    env = ClientEnv(spec=spec, env_dir=final, python=str(final / "bin" / "python"), evalscope_version=version,
+                    created=True, build_s=round(time.monotonic() - started, 1))
+    shutil.move(str(log_path), str(tmp / "build.log"))
+    record = {**asdict(env), "env_dir": str(final)}
+    (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return env
+
+
+def ensure_client(spec: str, clients_dir: Path | None = None, progress: Progress = print) -> ClientEnv:
+    """The pinned EvalScope's environment: reused when built, else built now (one builder at a time)."""
+    root = (clients_dir or DEFAULT_CLIENTS_DIR).expanduser()
+    final = client_env_dir(spec, root)
+    found = read_client_marker(final)
+    if found is not None:
+        return found
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        found = read_client_marker(final)
+        if found is not None:
+            return found
+        if final.exists():  # no marker: a broken leftover, never built in place
+            shutil.rmtree(final)
+        for stale in root.glob(f".tmp-{final.name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
+        progress(f"building EvalScope {spec} into {final} (once; reused after)")
+        try:
+            env = _build_into(spec, tmp, final, progress)
+            tmp.rename(final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            (root / f".{tmp.name}.log").unlink(missing_ok=True)
+    progress(f"built EvalScope {env.evalscope_version} in {env.build_s:.0f}s")
+    return env
