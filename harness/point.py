@@ -83,6 +83,12 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     records = read_scrapes(scrapes_path)
     record.metrics = derive_point_metrics(records, summary, sweep.gpus_per_server,
                                           window=(started_unix, ended_unix))
+    record.warnings = point_warnings(record)
+    failed = (summary.failed_requests or 0) if summary is not None else 0
+    if record.status == "ok" and failed > sweep.max_failed_requests:
+        record.status = "degraded"
+        record.reason = f"{failed} of {summary.total_requests or '?'} requests failed"
+        progress(f"{dep.name}: c{point.parallel} degraded: {record.reason}")
     record.wall_s = round(time.monotonic() - t0, 3)
     if record.status == "ok":
         m = record.metrics
@@ -90,6 +96,15 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
                  f"{_fmt(m.interactivity_tok_s_user)} tok/s/user, {_fmt(m.total_tok_s_per_gpu)} tok/s/GPU, "
                  f"occupancy {_fmt(m.occupancy_mean_running)}")
     return record
+
+
+def point_warnings(record: PointRecord) -> list[str]:
+    """Why a point's numbers are in doubt even though it ran (shown in summary.csv and the report)."""
+    warnings = []
+    m = record.metrics
+    if m is not None and m.scrapes_ok == 0:
+        warnings.append(f"every /metrics scrape failed ({m.scrapes_failed}): no server-side metrics")
+    return warnings
 
 
 def _fmt(value: float | None) -> str:

@@ -62,11 +62,17 @@ class PointMetrics(Record):
     offload_load_bytes_per_s: float | None = None
     offload_store_bytes_per_s: float | None = None
     hisparse_hit_rate: float | None = None
+    hisparse_misses: float | None = None
+    hisparse_h2d_bytes: float | None = None
     hisparse_h2d_bytes_per_s: float | None = None
+    hisparse_host_usage_max: float | None = None
     prefix_cache_hit_rate: float | None = None
     server_tpot_ms: float | None = None
     tpot_rel_diff: float | None = Field(default=None, description="(server - client) / client TPOT")
     tpot_disagrees: bool | None = Field(default=None, description="|tpot_rel_diff| > 0.10")
+    tpot_client_low: bool | None = Field(default=None, description="tpot_rel_diff > 0.10: the client got the "
+                                         "stream late and in bursts; interactivity is overstated")
+    server_interactivity_tok_s_user: float | None = Field(default=None, description="1000 / server_tpot_ms")
     counter_resets: int = 0
     scrapes_ok: int = 0
     scrapes_failed: int = 0
@@ -120,6 +126,25 @@ class GpuRecord(Record):
     driver: str | None = None
 
 
+class HubInputRecord(Record):
+    """A model or data set read from ModelScope or Hugging Face: what was asked for and what was read."""
+
+    hub: str
+    id: str
+    repo_type: str = "model"
+    revision: str | None = None  # as pinned (None: the default branch)
+    revision_sha: str | None = None  # what was read: a commit on Hugging Face; ModelScope: its recorded revision
+    revision_is_commit: bool | None = None
+
+
+class WeightsRecord(HubInputRecord):
+    """A deployment's hub model, fetched onto its server nodes before the server started."""
+
+    nodes: dict[str, str] = Field(default_factory=dict)  # node id -> the snapshot folder the server loads there
+    bytes_transferred: int = 0  # over every node, this run (0: all were there already)
+    fetch_s: float | None = None
+
+
 class ProvenanceRecord(Record):
     """What a run ran on and with, recorded once per run."""
 
@@ -134,6 +159,7 @@ class ProvenanceRecord(Record):
     config_files: dict[str, str] = Field(default_factory=dict)  # path -> sha256
     dataset_path: str | None = None
     dataset_sha256: str | None = None
+    hub_inputs: dict[str, HubInputRecord] = Field(default_factory=dict)  # the dataset's: source, pad, tokenizer
     gpu: GpuRecord = Field(default_factory=GpuRecord)
     host_ram_gib: float | None = None
     simulated: str | None = None  # how the numbers were made when no real server ran
@@ -149,6 +175,7 @@ class WorkloadRecord(Record):
     max_tokens: int | None = None
     conversations_needed: int | None = None
     conversations_built: int | None = None
+    conversation_reuse: str | None = None  # "blog": the blog's 128 conversations re-sent by later points
     dataset_sha256: str | None = None
     source: str | None = None
 
@@ -193,8 +220,8 @@ class HiSparseEvidence(Record):
     """What the running server showed of HiSparse (harness/evidence.py): its start-up lines, the
     `vllm:hisparse_` families of its first scrape, and the calculator beside the logged concurrency."""
 
-    requested: bool = False
-    active: bool | None = None  # None: not checked
+    hisparse_requested: bool = False
+    hisparse_active: bool | None = None  # None: not checked
     problem: str | None = None  # set when HiSparse was requested and neither witness shows it
     start_lines: list[str] = Field(default_factory=list)
     host_pool_gib: float | None = None  # the blog branch's start line names its pool
@@ -223,6 +250,7 @@ class DeploymentRecord(Record):
     node: str | None = None
     server_version: dict[str, str] = Field(default_factory=dict)
     build: BuildRecord | None = None
+    weights: WeightsRecord | None = None  # a hub model fetched onto the server nodes
     policy: str | None = None  # simulated engine: its KV residency policy
     evidence: HiSparseEvidence | None = None  # what the server showed of HiSparse (HiSparse arms)
 

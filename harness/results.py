@@ -9,6 +9,7 @@ results/<run-id>/report.md
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,8 +29,19 @@ from harness.records import (
 )
 from harness.redact import redact_argv, redact_config, redact_text
 
-# Point statuses a resumed run skips.
-OK_STATUSES = ("ok",)
+# Point statuses a resumed run skips: the point ran to its end (degraded: some requests failed).
+OK_STATUSES = ("ok", "degraded")
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def run_dir_for(results_root: Path, run_id: str) -> Path:
+    """results_root/run_id, for a run id that names one folder inside it: letters, digits, '.', '_'
+    and '-', not starting with a dot; no path separators, no '..' (nothing is written outside the
+    results root)."""
+    if not _RUN_ID.match(run_id) or ".." in run_id:
+        raise HarnessError(f"--run-id {run_id!r}: a run id is one folder name under the results folder "
+                           "(letters, digits, '.', '_', '-'; no '/', no '..', not starting with '.')")
+    return Path(results_root) / run_id
 
 
 @dataclass(frozen=True)

@@ -23,17 +23,20 @@ from pathlib import Path
 from typing import Literal
 
 from harness import provenance
+from harness.builds.client import ensure_client
 from harness.builds.prepare import PreparedBuild, prepare_build
 from harness.config import LoadedSweep
 from harness.dataset import BuiltDataset, ensure_built
 from harness.errors import HarnessError
+from harness.evidence import check_hisparse
 from harness.io import display_path
 from harness.loadgen import LoadGenerator
 from harness.plan import DeploymentPlan, Plan, PointPlan, make_plan
 from harness.point import failed_record, run_point
 from harness.records import BuildRecord, DeploymentRecord, PointRecord, WorkloadRecord
-from harness.results import RunRecorder
+from harness.results import RunRecorder, run_dir_for
 from harness.servers.base import (
+    LOCAL_NODE,
     Launcher,
     PreparedServer,
     ServerHandle,
@@ -42,6 +45,7 @@ from harness.servers.base import (
     stop_servers_on_signal,
 )
 from harness.servers.preflight import run_preflight
+from harness.weights import WeightsOutcome, fetch_needs, group_needs
 
 Progress = Callable[[str], None]
 LauncherKind = Literal["ray", "local"]
@@ -58,12 +62,14 @@ class SweepOptions:
     pid_dir: Path | None = None
     ray_gpus: int | None = None  # GPUs a locally started Ray declares (fake ones on a CPU host)
     envs_dir: Path | None = None  # where builds live (default ~/.cache/hisparse-harness/envs)
+    clients_dir: Path | None = None  # where pinned EvalScope clients live (default ~/.cache/hisparse-harness/clients)
 
 
 @dataclass
 class SweepOutcome:
     run_dir: Path
     ok: int = 0
+    degraded: int = 0
     failed: int = 0
     skipped: int = 0
     wall_s: float = 0.0
@@ -96,7 +102,8 @@ def open_recorder(plan: Plan, root: Path, *, simulated: bool | None = None, engi
         workload=WorkloadRecord(recipe=recipe.name, first_turn_length=recipe.first_turn_length,
                                 subsequent_turn_length=recipe.subsequent_turn_length, num_turns=recipe.num_turns,
                                 max_tokens=sweep.sweep.client.max_tokens,
-                                conversations_needed=plan.dataset.conversations_needed),
+                                conversations_needed=plan.dataset.conversations_needed,
+                                conversation_reuse=plan.dataset.mode if plan.dataset.mode != "fresh" else None),
         resolved_config={"sweep": sweep.sweep.model_dump(mode="json"),
                          "launches": {name: ld.profile.model_dump(mode="json") for name, ld in sweep.launches.items()}},
         deployments={d.name: DeploymentRecord(launch=display_path(d.launch_path), engine=engine_label or d.engine,
@@ -119,6 +126,7 @@ class _Run:
         self.launcher, self.load_generator, self.options, self.progress = launcher, load_generator, options, progress
         self.stop = threading.Event()  # set by the failure policy or an interrupt: start nothing new
         self.interrupted = False
+        self.weights: dict[str, WeightsOutcome] = {}  # by deployment: its hub model, fetched onto the nodes
         self._lock = threading.Lock()
 
     def record_point(self, record: PointRecord) -> None:
@@ -126,6 +134,9 @@ class _Run:
         with self._lock:
             if record.status == "ok":
                 self.outcome.ok += 1
+            elif record.status == "degraded":
+                self.outcome.degraded += 1
+                self.outcome.failures.append(f"{record.deployment} c{record.parallel}: degraded: {record.reason}")
             else:
                 self.outcome.failed += 1
                 self.outcome.failures.append(f"{record.deployment} c{record.parallel}: {record.reason}")
@@ -139,9 +150,9 @@ class _Run:
 def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = print, *,
               launcher: Launcher | None = None, load_generator: LoadGenerator | None = None) -> SweepOutcome:
     started = time.monotonic()
-    plan = make_plan(loaded, dialect=options.dialect, envs_dir=options.envs_dir)
+    plan = make_plan(loaded, dialect=options.dialect, envs_dir=options.envs_dir, clients_dir=options.clients_dir)
     run_id = options.run_id or default_run_id(loaded.sweep.name)
-    recorder = open_recorder(plan, Path(options.results_root) / run_id)
+    recorder = open_recorder(plan, run_dir_for(options.results_root, run_id))
     outcome = SweepOutcome(run_dir=recorder.paths.root)
 
     pending = {d.name: [p for p in d.points if not recorder.point_ok(d.name, p.parallel)] for d in plan.deployments}
@@ -159,11 +170,14 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     builds: dict[str, PreparedBuild] = {}
     if options.launcher == "local":
         builds = _prepare_builds_here(todo, options, progress)
-    dataset = ensure_built(loaded.recipe, plan.dataset.conversations_needed)
+    client_version = plan.client.version
+    if plan.client.spec is not None:  # EvalScope runs beside the harness: the pinned one is built here, once
+        client_version = ensure_client(plan.client.spec, options.clients_dir, progress).evalscope_version
+    dataset = ensure_built(loaded.recipe, plan.dataset.build_conversations)
     progress(f"dataset {display_path(dataset.path)}: {dataset.conversations} conversations"
              f"{' (cached)' if dataset.cached else ''}")
     recorder.record_provenance(provenance.collect(loaded, dataset.path, dataset.sha256,
-                                                  evalscope_version=plan.client.version,
+                                                  evalscope_version=client_version,
                                                   client_source=plan.client.source),
                                gpu_model=None)
     recorder.update_workload(dataset_sha256=dataset.sha256, conversations_built=dataset.conversations)
@@ -175,6 +189,7 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
                options, progress)
     try:
         with stop_servers_on_signal(launcher):
+            run.weights = _prefetch_weights(run, todo)  # before any server starts, onto every server node
             slots = max(1, min(len(todo), launcher.nodes_for(max(d.reserve_gpus for d in todo))))
             if slots > 1:
                 progress(f"running {len(todo)} deployments on {slots} nodes at once")
@@ -242,6 +257,29 @@ def prepare_on_node(profile, dialect, expected_python, envs_dir) -> PreparedServ
     return PreparedServer(python=prepared.env.python, provenance=prepared.provenance(), env=prepared.server_env)
 
 
+def _prefetch_weights(run: _Run, todo: list[DeploymentPlan]) -> dict[str, WeightsOutcome]:
+    """Each hub model the pending deployments load, onto every node that can run their servers;
+    a deployment whose fetch failed fails its preflight with the reason."""
+    needs = group_needs((d.name, d.weights, d.reserve_gpus) for d in todo)
+    by_deployment: dict[str, WeightsOutcome] = {}
+    for outcome in fetch_needs(needs, use_ray=run.options.launcher == "ray", progress=run.progress):
+        run.progress(outcome.summary())
+        for name in outcome.need.users:
+            by_deployment[name] = outcome
+            if outcome.problem is None:
+                run.recorder.update_deployment(name, weights=outcome.record())
+    return by_deployment
+
+
+def _model_paths(run: _Run, dep: DeploymentPlan) -> dict[str, str]:
+    """Where the server finds its fetched model, by the node ids its launcher knows."""
+    outcome = run.weights.get(dep.name)
+    if outcome is None or outcome.problem is not None:
+        return {}
+    paths = outcome.model_paths()
+    return paths if run.options.launcher == "ray" else {LOCAL_NODE: next(iter(paths.values()))}
+
+
 def _server_spec(run: _Run, dep: DeploymentPlan) -> ServerSpec:
     profile = dep.profile
     prepare = None
@@ -251,7 +289,11 @@ def _server_spec(run: _Run, dep: DeploymentPlan) -> ServerSpec:
                       port=profile.port or 0, log_path=run.recorder.paths.server_log(dep.name),
                       ready_timeout_s=dep.ready_timeout_s, gpus=dep.reserve_gpus,
                       served_model_name=dep.served_model_name, api_key=dep.api_key, pid_dir=run.options.pid_dir,
-                      prepare=prepare)
+                      prepare=prepare, model_paths=_model_paths(run, dep))
+
+
+class NotAsRequested(ServerStartError):
+    """The server started but does not run what the profile asked for (HiSparse off)."""
 
 
 class _Server:
@@ -274,7 +316,8 @@ class _Server:
         self.starts += 1
         recorder = self.run.recorder
         # re-runnable by hand: the port the launcher picked replaces the placeholder once known
-        recorder.write_command(self.dep.name, self.dep.command.shell_line(port=self.handle.port))
+        recorder.write_command(self.dep.name, self.dep.command.shell_line(port=self.handle.port,
+                                                                          model=self.handle.model_path))
         if self.starts > 1:
             recorder.count_restart(self.dep.name)
         fields: dict = {"base_url": self.handle.base_url, "node": self.handle.node_id,
@@ -282,7 +325,18 @@ class _Server:
         if self.handle.build_provenance:
             fields["build"] = _build_record(self.dep, self.handle.build_provenance)
         recorder.update_deployment(self.dep.name, **fields)
+        if self.dep.profile.kv.hisparse is not None:
+            self._check_hisparse()
         return self.handle
+
+    def _check_hisparse(self) -> None:
+        """An arm that asked for HiSparse must show it (start lines or metrics) before any point runs."""
+        evidence = check_hisparse(self.dep.profile, self.handle.log_path, self.handle.base_url + "/metrics",
+                                  self.dep.api_key)
+        self.run.recorder.update_deployment(self.dep.name, evidence=evidence)
+        if evidence.problem:
+            self.stop()
+            raise NotAsRequested(self.dep.name, evidence.problem, self.spec.log_path, [])
 
     def stop(self) -> None:
         if self.handle is not None:
@@ -301,7 +355,7 @@ def _run_deployment(run: _Run, dep: DeploymentPlan, points: list[PointPlan]) -> 
     paths = run.recorder.paths
     preflight = run_preflight(dep.name, dep.profile, dep.reserve_gpus, paths.root, paths.preflight_json(dep.name),
                               server_on_this_host=run.options.launcher == "local"
-                              or run.launcher.nodes_for(0) == 1)
+                              or run.launcher.nodes_for(0) == 1, weights=run.weights.get(dep.name))
     if not preflight.ok:
         reason = "preflight: " + "; ".join(preflight.problems)
         run.progress(f"{dep.name}: {reason}")
@@ -320,10 +374,10 @@ def _run_deployment(run: _Run, dep: DeploymentPlan, points: list[PointPlan]) -> 
             except ServerStartError as exc:
                 if run.stop.is_set():
                     return
-                run.progress(f"{dep.name}: server failed to start: {exc.reason}")
+                reason = exc.reason if isinstance(exc, NotAsRequested) else f"server failed to start: {exc.reason}"
+                run.progress(f"{dep.name}: {reason}")
                 for rest in points[i:]:
-                    run.record_point(failed_record(run.plan, rest, f"server failed to start: {exc.reason}",
-                                                   exc.log_tail))
+                    run.record_point(failed_record(run.plan, rest, reason, exc.log_tail))
                 if policy == "stop":
                     run.stop_by_policy()
                 return
@@ -354,7 +408,7 @@ def _point_with_retries(run: _Run, dep: DeploymentPlan, point: PointPlan, server
         if run.stop.is_set() and run.interrupted:
             return None
         record.server_restarted = server.starts > 1 and server.starts != restarted_before
-        if record.status == "ok" or attempt == retries or run.stop.is_set():
+        if record.status != "failed" or attempt == retries or run.stop.is_set():
             return record
         attempt += 1
         run.progress(f"{dep.name}: c{point.parallel}: retrying ({attempt} of {retries})")

@@ -19,6 +19,7 @@ from harness.metrics.prom import parse_exposition
 from harness.metrics.scrape import ScrapeRecord
 from harness.plan import make_plan
 from harness.records import EvalScopeSummary, PointRecord
+from harness.results import run_dir_for
 from harness.runner import open_recorder
 from harness.sim.engine import Engine
 from harness.sim.engine_config import engine_config, stable_seed
@@ -78,12 +79,12 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
     sweep = loaded.sweep
     base_unix = options.start_unix_s if options.start_unix_s is not None else time.time()
     run_id = options.run_id or f"{sweep.name}-sim-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
-    recorder = open_recorder(plan, Path(options.results_root) / run_id, simulated=True,
+    recorder = open_recorder(plan, run_dir_for(options.results_root, run_id), simulated=True,
                              engine_label="sim (virtual time)", started_at=iso_from_unix(base_unix))
     recorder.record_provenance(provenance.collect(loaded, None, None, simulated=SIMULATED_NOTE))
     recorder.update_workload(source="recipe shape (virtual time, no text)")
     recipe = loaded.recipe.recipe
-    shapes = shapes_from_recipe(recipe, max(recipe.conversations, plan.dataset.conversations_needed))
+    shapes = shapes_from_recipe(recipe, plan.dataset.build_conversations)
     keep = sweep.scrape.keep_prefixes
     simulated_s = 0.0
     written = 0
@@ -101,7 +102,7 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
                     records.append(ScrapeRecord(t=base_unix + at_s, scrape=index, name=s.name,
                                                 labels=s.labels, value=s.value))
 
-            offset = point.dataset_offset % len(shapes)
+            offset = point.dataset_offset if point.dataset_offset < len(shapes) else 0  # as EvalScope rotates
             rotated = shapes[offset:] + shapes[:offset]
             run = run_point(engine, rotated, parallel=point.parallel, number=point.number,
                             max_tokens=sweep.client.max_tokens, start_s=now,

@@ -45,8 +45,8 @@ COLUMNS: tuple[Column, ...] = (
     _c("parallel", "int", "requests", "offered concurrency (EvalScope --parallel)", "point"),
     _c("number", "int", "conversations", "conversations sent (EvalScope --number)", "point"),
     _c("dataset_offset", "int", "conversations", "EvalScope --dataset-offset of the point", "point"),
-    _c("status", "str", "", "ok or failed", "point"),
-    _c("reason", "str", "", "why the point failed (empty when ok)", "point"),
+    _c("status", "str", "", "ok, degraded (more failed requests than max_failed_requests) or failed", "point"),
+    _c("reason", "str", "", "why the point failed or is degraded (empty when ok)", "point"),
     _c("simulated", "bool", "", "measured on the simulated engine, not a GPU server", "run"),
     _c("gpu_model", "str", "", "GPU model of the servers (manifest)", "run"),
     _c("gpus_per_server", "int", "GPUs", "GPUs per server, from the sweep file (per-GPU divisor)", "point"),
@@ -76,13 +76,21 @@ COLUMNS: tuple[Column, ...] = (
     _c("offload_load_bytes_per_s", "float", "B/s", "offload load bytes / point window", "metrics"),
     _c("offload_store_bytes_per_s", "float", "B/s", "offload store bytes / point window", "metrics"),
     _c("hisparse_hit_rate", "float", "fraction", "d(hisparse hits) / (d(hits) + d(misses))", "metrics"),
+    _c("hisparse_misses", "float", "count", "d(HiSparse misses) over the point (sampled every 2,000 steps)",
+       "metrics"),
+    _c("hisparse_h2d_bytes", "float", "bytes", "d(HiSparse host-to-device bytes) over the point", "metrics"),
     _c("hisparse_h2d_bytes_per_s", "float", "B/s", "d(vllm:hisparse_host_to_device_bytes_total) / window",
+       "metrics"),
+    _c("hisparse_host_usage_max", "float", "fraction", "largest HiSparse host pool usage sample (0..1)",
        "metrics"),
     _c("prefix_cache_hit_rate", "float", "fraction", "d(prefix cache hits) / d(prefix cache queries)", "metrics"),
     _c("server_tpot_ms", "float", "ms", "server TPOT: d(sum) / d(count) of "
        "vllm:request_time_per_output_token_seconds", "metrics"),
     _c("tpot_rel_diff", "float", "fraction", "(server - client) / client TPOT", "metrics"),
     _c("tpot_disagrees", "bool", "", "abs(tpot_rel_diff) > 0.10: the measurement itself is in doubt", "metrics"),
+    _c("tpot_client_low", "bool", "", "tpot_rel_diff > 0.10: the client got the stream late and in bursts; "
+       "interactivity is overstated", "metrics"),
+    _c("server_interactivity_tok_s_user", "float", "tok/s/user", "1000 / server_tpot_ms", "metrics"),
     _c("counter_resets", "int", "count", "counters seen going down (server restart) in the point", "metrics"),
     _c("scrapes_ok", "int", "count", "/metrics scrapes that succeeded in the point", "metrics"),
     _c("scrapes_failed", "int", "count", "/metrics scrapes that failed in the point", "metrics"),
@@ -101,6 +109,8 @@ COLUMNS: tuple[Column, ...] = (
     _c("mean_output_tokens", "float", "tokens", "mean output tokens per request (EvalScope)", "summary"),
     _c("time_taken_s", "float", "s", "EvalScope benchmark duration", "summary"),
     _c("key_set", "str", "", "EvalScope summary key set read: <=1.9 or >=1.10", "summary"),
+    _c("warnings", "str", "", "what puts the point's numbers in doubt, e.g. every scrape failed ('; '-joined)",
+       "point"),
 )
 _BY_NAME = {c.name: c for c in COLUMNS}
 
@@ -125,7 +135,8 @@ def _value(column: Column, point: PointRecord, manifest: RunManifest) -> object:
             return bool(manifest.simulated or point.simulated)
         return getattr(manifest, column.name)
     if column.source == "point":
-        return getattr(point, column.name)
+        value = getattr(point, column.name)
+        return ("; ".join(value) or None) if isinstance(value, list) else value
     if column.source == "metrics":
         value = getattr(point.metrics, column.name) if point.metrics is not None else None
         if value is None and column.name in ("mean_ttft_ms", "mean_tpot_ms") and point.summary is not None:

@@ -64,7 +64,7 @@ class FakeLauncher(Launcher):
 @dataclass
 class FakeLoadGenerator(LoadGenerator):
     """Every run succeeds unless `outcome(deployment-c<parallel>, attempt)` says otherwise:
-    "fail" (EvalScope exits 1), "interrupt" (Ctrl-C arrives during the run), or a callable hook."""
+    "fail" (EvalScope exits 1), "partial" (one request failed), "interrupt" (Ctrl-C during the run)."""
 
     outcome: Callable[[str, int], str] = lambda name, attempt: "ok"
     calls: list[str] = field(default_factory=list)
@@ -84,14 +84,14 @@ class FakeLoadGenerator(LoadGenerator):
             raise KeyboardInterrupt
         if what == "fail":
             return LoadRun(returncode=1, wall_s=0.01, stdout_path=log_path, timed_out=False)
-        (summary_dir / "ok").write_text(str(number))
+        (summary_dir / "ok").write_text(f"{number} {1 if what == 'partial' else 0}")
         return LoadRun(returncode=0, wall_s=0.01, stdout_path=log_path, timed_out=False)
 
     def read_summary(self, run_summary_dir: Path) -> EvalScopeSummary | None:
         marker = run_summary_dir / "ok"
         if not marker.exists():
             return None
-        n = int(marker.read_text())
-        return EvalScopeSummary(total_requests=n, success_requests=n, failed_requests=0, mean_tpot_ms=10.0,
+        n, failed = map(int, marker.read_text().split())
+        return EvalScopeSummary(total_requests=n, success_requests=n - failed, failed_requests=failed, mean_tpot_ms=10.0,
                                 mean_ttft_ms=100.0, total_throughput_tok_s=1000.0, output_throughput_tok_s=100.0,
                                 key_set=">=1.10")

@@ -113,11 +113,19 @@ def test_one_scrape_gives_gauges_but_no_deltas(dp2_reset):
     assert m.offload_load_bytes_per_s is None
 
 
-def test_idle_server_has_zero_occupancy_not_none():
+def test_occupancy_is_unknown_when_no_scrape_saw_a_request_running():
+    # a short point, or a gauge refreshed late: nothing running was seen, which is not "0 running"
     records = [ScrapeRecord(t=float(t), scrape=t, name="vllm:num_requests_running", value=0.0)
                for t in range(3)]
     m = derive_point_metrics(records, None, gpus_per_server=8)
-    assert m.occupancy_mean_running == 0.0 and m.max_running == 0.0
+    assert m.occupancy_mean_running is None and m.max_running == 0.0
+
+
+def test_idle_first_and_last_scrapes_do_not_dilute_occupancy():
+    values = [0.0, 2.0, 4.0, 0.0]
+    records = [ScrapeRecord(t=float(t), scrape=t, name="vllm:num_requests_running", value=v)
+               for t, v in enumerate(values)]
+    assert derive_point_metrics(records, None, gpus_per_server=8).occupancy_mean_running == 3.0
 
 
 def test_gpus_per_server_must_be_positive():

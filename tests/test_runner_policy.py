@@ -29,11 +29,11 @@ conversations: 12
 
 
 def sweep_file(tmp_path: Path, *, policy: str = "continue", retries: int = 0, arms: tuple[str, ...] = ("a", "b"),
-               profile_extra: dict[str, str] | None = None) -> Path:
+               profile_extra: dict[str, str] | None = None, max_failed: int = 0) -> Path:
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     for arm in arms:
         extra = (profile_extra or {}).get(arm, "")
-        (tmp_path / f"{arm}.yaml").write_text(f"extends: {ROOT}/launch/sim-hisparse.yaml\n{extra}")
+        (tmp_path / f"{arm}.yaml").write_text(f"extends: {ROOT}/launch/sim-offload.yaml\n{extra}")
     deployments = "\n".join(f"  - {{name: {arm}, launch: {arm}.yaml}}" for arm in arms)
     (tmp_path / "sweep.yaml").write_text(f"""
 name: policy
@@ -41,6 +41,7 @@ dataset: recipe.yaml
 gpus_per_server: 8
 on_point_failure: {policy}
 max_point_retries: {retries}
+max_failed_requests: {max_failed}
 client: {{max_tokens: 8, points: [{{parallel: 1, number: 1}}, {{parallel: 2, number: 2}}, {{parallel: 4, number: 2}}]}}
 scrape: {{interval_s: 0.2}}
 deployments:
@@ -150,3 +151,25 @@ def test_an_interrupt_leaves_the_point_pending_and_the_run_resumable(tmp_path):
     assert launcher.running() == []  # every server stopped on the way out
     again = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator())
     assert again.status == "ok" and again.skipped == 1
+
+
+def test_failed_requests_mark_a_point_degraded_with_the_count(tmp_path):
+    loadgen = FakeLoadGenerator(outcome=lambda name, attempt: "partial" if name == "b-c4" else "ok")
+    outcome = sweep(tmp_path, FakeLauncher(), loadgen, retries=2)
+    assert (outcome.ok, outcome.degraded, outcome.status) == (5, 1, "degraded")
+    assert loadgen.calls.count("b-c4") == 1  # degraded is a result, not a failure to retry
+    point = next(p for p in iter_points(outcome.run_dir) if p.parallel == 4 and p.deployment == "b")
+    assert point.status == "degraded" and point.reason == "1 of 2 requests failed"
+    again = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator())
+    assert again.skipped == 6  # a degraded point ran to its end: a resume keeps it
+    # a sweep that tolerates one failed request keeps the point ok
+    (tmp_path / "t").mkdir()
+    tolerant = sweep(tmp_path / "t", FakeLauncher(), FakeLoadGenerator(outcome=lambda n, a: "partial"),
+                     max_failed=1)
+    assert tolerant.status == "ok" and tolerant.degraded == 0
+
+
+def test_a_point_whose_scrapes_all_failed_carries_a_warning(tmp_path):
+    outcome = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator())  # the fake server answers no /metrics
+    point = iter_points(outcome.run_dir)[0]
+    assert point.status == "ok" and point.warnings and "every /metrics scrape failed" in point.warnings[0]

@@ -38,9 +38,9 @@ def run(args: argparse.Namespace) -> int:
     print(summary_table(outcome.run_dir))
     for failure in outcome.failures:
         print(f"  failed: {failure}", file=sys.stderr)
-    print(f"\nrun folder: {display_path(outcome.run_dir)}  ({outcome.ok} ok, {outcome.failed} failed, "
-          f"{outcome.skipped} skipped, {outcome.wall_s:.0f}s; status {outcome.status})")
+    print(f"\nrun folder: {display_path(outcome.run_dir)}  ({outcome.ok} ok, {outcome.degraded} degraded, "
+          f"{outcome.failed} failed, {outcome.skipped} skipped, {outcome.wall_s:.0f}s; status {outcome.status})")
     if not args.no_report:
         for line in write_run_outputs(outcome.run_dir):
             print(line)
-    return 1 if outcome.failed else 0
+    return 1 if outcome.failed or outcome.degraded else 0

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from harness.config.nightly import NightlySettings
 from harness.schema import RelPath, Slug, StrictModel, must_exist
 
 # A pinned EvalScope: a release ("1.7.0") or a git ref ("acd09b44", "modelscope/evalscope@acd09b44").
@@ -122,8 +123,13 @@ class SweepFile(StrictModel):
     client: ClientSettings
     scrape: ScrapeSettings = ScrapeSettings()
     on_point_failure: Literal["continue", "stop"] = "continue"
+    max_failed_requests: int = Field(default=0, ge=0, description="failed requests a point may have and stay "
+                                     "ok; more mark it degraded (with the count)")
     max_point_retries: int = Field(default=0, ge=0, le=5)
     deployments: list[DeploymentSpec] = Field(min_length=1)
+    nightly: NightlySettings = Field(default_factory=NightlySettings,
+                                     description="the nightly gate's window and thresholds "
+                                     "(docs/nightly.md); only `harness nightly` reads it")
 
     @field_validator("dataset")
     @classmethod

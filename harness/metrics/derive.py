@@ -16,9 +16,18 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from harness.evidence import (
+    HISPARSE_H2D_BYTES,
+    HISPARSE_HITS,
+    HISPARSE_HOST_USAGE,
+    HISPARSE_MISSES,
+    normalise_hisparse,
+)
 from harness.metrics.scrape import ScrapeRecord
 from harness.records import EvalScopeSummary, PointMetrics
 
+# Client and server TPOT share one formula, (last token - first token) / (tokens - 1) averaged over
+# requests, and differ only in where the two instants are taken (docs/tpot.md).
 TPOT_DISAGREEMENT = 0.10
 
 RUNNING = "vllm:num_requests_running"
@@ -29,9 +38,7 @@ SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
 OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes_total"
-HISPARSE_HITS = "vllm:hisparse_cache_hits_total"
-HISPARSE_MISSES = "vllm:hisparse_cache_misses_total"
-HISPARSE_H2D_BYTES = "vllm:hisparse_host_to_device_bytes_total"
+# HiSparse series are read under the canonical names harness/evidence.py maps every build's names onto.
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 SERVER_TPOT = "vllm:request_time_per_output_token_seconds"
@@ -78,7 +85,7 @@ def group_scrapes(records: Iterable[ScrapeRecord], window: tuple[float, float] |
         for r in recs:
             if r.name is not None and r.value is not None and math.isfinite(r.value):
                 series.setdefault(r.name, {})[tuple(sorted(r.labels.items()))] = r.value
-        snapshots.append(Snapshot(t=t, series=series))
+        snapshots.append(Snapshot(t=t, series=normalise_hisparse(series)))
     snapshots.sort(key=lambda s: s.t)
     return Scrapes(snapshots=snapshots, failed=failed)
 
@@ -157,9 +164,11 @@ def _gauge_metrics(snapshots: list[Snapshot]) -> dict[str, float | None]:
     kv_mean = gauge_series(snapshots, kv_name, statistics.fmean) if kv_name else []
     kv_max = gauge_series(snapshots, kv_name, max) if kv_name else []
     busy = [v for v in running if v != 0]
+    host_usage = gauge_series(snapshots, HISPARSE_HOST_USAGE, max)
     return {
-        # a server seen idle throughout has occupancy 0, not "unknown"
-        "occupancy_mean_running": statistics.fmean(busy) if busy else (0.0 if running else None),
+        "hisparse_host_usage_max": max(host_usage) if host_usage else None,
+        # no scrape in the window saw a request running (a short point, a late gauge): unknown, not 0
+        "occupancy_mean_running": statistics.fmean(busy) if busy else None,
         "mean_waiting": statistics.fmean(waiting) if waiting else None,
         "max_running": max(running) if running else None,
         "kv_usage_mean": statistics.fmean(kv_mean) if kv_mean else None,
@@ -183,9 +192,15 @@ def _counter_metrics(snapshots: list[Snapshot], window_s: float | None) -> tuple
         "offload_load_bytes_per_s": _ratio(_value(d[OFFLOAD_LOAD_BYTES]), seconds),
         "offload_store_bytes_per_s": _ratio(_value(d[OFFLOAD_STORE_BYTES]), seconds),
         "hisparse_hit_rate": _ratio(hits, None if hits is None or misses is None else hits + misses),
+        "hisparse_misses": misses,
+        "hisparse_h2d_bytes": _value(d[HISPARSE_H2D_BYTES]),
         "hisparse_h2d_bytes_per_s": _ratio(_value(d[HISPARSE_H2D_BYTES]), seconds),
         "prefix_cache_hit_rate": _ratio(_value(d[PREFIX_HITS]), _value(d[PREFIX_QUERIES])),
         "server_tpot_ms": None if server_tpot_s is None else 1000.0 * server_tpot_s,
+        # the engine's own decode rate per user: the figure to put beside the headline when the
+        # client's stream arrived late and in bursts (tpot_client_low)
+        "server_interactivity_tok_s_user": (1.0 / server_tpot_s if server_tpot_s is not None
+                                            and server_tpot_s > 0 else None),
     }
     return metrics, _resets(*d.values()) | tpot_resets
 
@@ -210,8 +225,17 @@ def derive_point_metrics(records: list[ScrapeRecord], summary: EvalScopeSummary 
 
 
 def _tpot_check(server_ms: float | None, client_ms: float | None) -> dict[str, float | bool | None]:
-    """The harness checks its own measurement: client TPOT against the server's histogram."""
+    """The harness checks its own measurement: client TPOT against the server's histogram.
+
+    The direction says which side to doubt. The engine stamps first and last token as it makes
+    them; the client as chunks arrive. A client TPOT well below the server's means the client got
+    its first token late and the rest in a burst (an API server short of CPU, a buffering proxy):
+    the decode it timed is shorter than the one that ran, so the headline interactivity is
+    overstated. A client TPOT well above means delivery added time the engine did not spend: what
+    users saw, but not the engine's speed.
+    """
     if server_ms is None or client_ms is None or client_ms <= 0:
         return {}
     rel = (server_ms - client_ms) / client_ms
-    return {"tpot_rel_diff": rel, "tpot_disagrees": abs(rel) > TPOT_DISAGREEMENT}
+    return {"tpot_rel_diff": rel, "tpot_disagrees": abs(rel) > TPOT_DISAGREEMENT,
+            "tpot_client_low": rel > TPOT_DISAGREEMENT}

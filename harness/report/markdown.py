@@ -48,8 +48,11 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
     warnings: list[ReportWarning] = []
     recorded = {(p.deployment, p.point_id) for p in points}
     for p in points:
-        if p.status != "ok":
+        if p.status == "failed":
             warnings.append(ReportWarning("failed point", f"`{p.deployment}` c{p.parallel} failed: {p.reason or 'no reason'}"))
+        elif p.status == "degraded":
+            warnings.append(ReportWarning("degraded point", f"`{p.deployment}` c{p.parallel}: {p.reason}"))
+        warnings += [ReportWarning("doubtful point", f"`{p.deployment}` c{p.parallel}: {w}") for w in p.warnings]
     for dep, statuses in manifest.points.items():
         for point_id, status in statuses.items():
             if (dep, point_id) not in recorded:
