@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
@@ -28,7 +29,8 @@ from typing import TypeVar
 from harness.calc import CalcError, CalcInputs, calculate, sizing_for_launch
 from harness.config import LaunchProfile
 from harness.errors import HarnessError
-from harness.metrics.prom import PromParseError, parse_exposition
+from harness.metrics.prom import PromParseError, Sample, parse_exposition
+from harness.metrics.scrape import scrape_once
 from harness.records import HiSparseEvidence
 from harness.sim.engine_config import engine_config
 
@@ -109,6 +111,10 @@ def hisparse_families(metrics_text: str) -> list[str]:
         samples = parse_exposition(metrics_text, keep_prefixes=[HISPARSE_PREFIX])
     except PromParseError:
         return []
+    return families_of(samples)
+
+
+def families_of(samples: Iterable[Sample]) -> list[str]:
     return sorted({f for s in samples if (f := hisparse_family(s.name)) is not None})
 
 
@@ -196,7 +202,7 @@ def assess(requested: bool, start: HiSparseEvidence, families: list[str],
     if requested and not active:
         problem = (f"{INACTIVE}: no HiSparse start line in the server log and no {HISPARSE_PREFIX}* family in "
                    "its first /metrics scrape (a build that ignores the HiSparse flags?)")
-    return start.model_copy(update={"requested": requested, "active": active, "metric_families": families,
+    return start.model_copy(update={"hisparse_requested": requested, "hisparse_active": active, "metric_families": families,
                                     "predicted_concurrency": predicted, "problem": problem})
 
 
@@ -207,3 +213,24 @@ def concurrency_mismatch(evidence: HiSparseEvidence) -> str | None:
         return None
     return (f"the server logged a HiSparse steady-state maximum concurrency of {logged:g} for "
             f"{evidence.logged_concurrency_tokens:,} tokens per request; the calculator predicts {predicted}")
+
+
+def check_hisparse(profile: LaunchProfile, log_path: Path, metrics_url: str, api_key: str | None = None,
+                   log_wait_s: float = 2.0) -> HiSparseEvidence:
+    """Read both witnesses of a ready server: its log since the last start, and one /metrics scrape
+    (a scrape that fails counts as no family). The log is pumped by another thread: a start line not
+    there yet gets `log_wait_s` to arrive."""
+    requested = profile.kv.hisparse is not None
+    deadline = time.monotonic() + log_wait_s
+    while True:
+        start = parse_start_lines(lines_since_last_start(log_path))
+        if start.start_lines or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    try:
+        families = families_of(scrape_once(metrics_url, keep_prefixes=[HISPARSE_PREFIX], api_key=api_key))
+    except HarnessError:
+        families = []
+    tokens = start.logged_concurrency_tokens
+    predicted = predicted_concurrency(profile, tokens) if tokens else None
+    return assess(requested, start, families, predicted)

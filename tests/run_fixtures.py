@@ -182,6 +182,7 @@ def _point(paths: RunPaths, dep: str, parallel: int, number: int, offset: int, s
         if arm.hisparse else None,
         prefix_cache_hit_rate=0.93, server_tpot_ms=server_tpot_ms,
         tpot_rel_diff=tpot_server_factor - 1.0, tpot_disagrees=abs(tpot_server_factor - 1.0) > 0.10,
+        tpot_client_low=tpot_server_factor - 1.0 > 0.10, server_interactivity_tok_s_user=1000.0 / server_tpot_ms,
         counter_resets=1 if restart else 0, scrapes_ok=len(running_samples),
         scrapes_failed=1 if scrape_error else 0, window_s=wall_s)
     record = PointRecord(

@@ -53,6 +53,7 @@ def test_every_metric_of_a_dp2_point_with_a_reset_and_a_failed_scrape(dp2_reset)
     # server TPOT: d(sum) 3.0 + 2.5 s over d(count) 150 + 125 requests
     assert m.server_tpot_ms == approx(20.0)
     assert m.tpot_rel_diff == approx((20.0 - 18.5) / 18.5) and m.tpot_disagrees is False
+    assert m.tpot_client_low is False and m.server_interactivity_tok_s_user == approx(1000 / 20.0)
     # one restart seen (one scrape step where counters went down), the failed scrape counted
     assert m.counter_resets == 1 and m.scrapes_ok == 4 and m.scrapes_failed == 1
     assert m.window_s == 120.0
@@ -72,6 +73,8 @@ def test_client_server_tpot_disagreement_is_flagged(dp2_reset):
     m = derive_point_metrics(dp2_reset, summary, gpus_per_server=1, window=WINDOW)
     assert m.tpot_rel_diff == pytest.approx((20.0 - 11.85) / 11.85)
     assert m.tpot_disagrees is True
+    # the client saw a faster decode than the engine ran: its stream came late and in bursts
+    assert m.tpot_client_low is True and m.server_interactivity_tok_s_user == pytest.approx(50.0)
     assert m.total_tok_s_per_gpu == 409.709 and m.interactivity_tok_s_user == pytest.approx(1000 / 11.85)
 
 
@@ -89,6 +92,7 @@ def test_server_without_spec_decode_offload_or_hisparse():
     assert m.kv_usage_mean == pytest.approx(0.25) and m.kv_usage_max == 0.5  # gpu_cache_usage_perc
     assert m.server_tpot_ms == pytest.approx(30.0)
     assert m.tpot_rel_diff is None and m.tpot_disagrees is None  # no client summary
+    assert m.tpot_client_low is None and m.server_interactivity_tok_s_user == pytest.approx(1000 / 30.0)
     assert m.interactivity_tok_s_user is None and m.total_tok_s_per_gpu is None
     assert (m.counter_resets, m.scrapes_ok, m.scrapes_failed, m.window_s) == (0, 3, 0, 60.0)
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from run_fixtures import HISPARSE, OFFLOAD, make_run
 
+from harness.report import evidence
 from harness.report.markdown import collect_warnings, reused_points, write_report
 from harness.report.plots import plot_runs
 from harness.results import iter_points, read_manifest
@@ -28,9 +29,12 @@ def test_report_holds_provenance_points_figures_and_warnings(tmp_path):
 
     warnings = text.split("## Warnings", 1)[1].split("## Points", 1)[0]
     assert f"**failed point**: `{OFFLOAD}` c32 failed: server exited" in warnings
-    assert "**conversation reuse**: the dataset has 100 conversations but the sweep needs 168: c16, c32" \
-        in warnings
+    # offsets 52, 56, 72, 104 over 100 conversations: c16 wraps onto fresh 0..3; c32's offset is past the
+    # end, so it reads 0..63 and re-sends 0..3 (c16) and 52..63 (c1, c8)
+    assert "**conversation reuse**: the dataset has 100 conversations but the sweep needs 168: c32 re-sends 16 " \
+        "conversations an earlier point already sent" in warnings
     assert f"**TPOT disagreement**: `{HISPARSE}` c8" in warnings and "+25%" in warnings
+    assert "late and in bursts, so its interactivity is overstated" in warnings
     assert f"**server restarted**: `{HISPARSE}` c16" in warnings
 
     rows = [line for line in text.splitlines() if line.startswith(f"| {HISPARSE} |")]
@@ -56,9 +60,12 @@ def test_a_clean_run_has_no_warnings_and_a_simulated_one_says_so(tmp_path):
 
 
 def test_reuse_names_the_points_that_run_past_the_dataset(tmp_path):
-    # the blog's sweep with 128 conversations: offsets 52, 56, 72, 104, 152 (docs/facts.md §6)
+    # the blog's sweep with 128 conversations: offsets 52, 56, 72, 104, 152 (docs/facts.md §6). c24 wraps
+    # from 104..127 onto 0..23, which nobody sent yet; 152 is past the end, so c32 reads 0..63 and re-sends
+    # 0..23 (c24) and 52..63 (c1, c8)
     run = make_run(tmp_path, points=((1, 4), (8, 16), (16, 32), (24, 48), (32, 64)), conversations_built=128)
-    assert reused_points(read_manifest(run), iter_points(run)) == [24, 32]
+    assert reused_points(read_manifest(run), iter_points(run)) == [32]
+    assert evidence.reused_points(read_manifest(run), iter_points(run)) == {32: 36}
 
 
 def test_manifest_restarts_and_failed_scrapes_are_reported(tmp_path):

@@ -26,6 +26,9 @@ class SimSettings(StrictModel):
                               description="simulated seconds per wall second; >1 runs faster than the GPU")
     tokenizer: RelPath | None = Field(default=None, description="tokenizer folder or tokenizer.json; "
                                       "default: the shipped datasets/tokenizers one")
+    ignore_hisparse: bool = Field(default=False, description="accept kv.hisparse and silently run without it, "
+                                  "as a build that ignores the flags would: no start lines, no vllm:hisparse_ "
+                                  "metrics (the harness must refuse the arm)")
     seed: int = 0
     mtp_acceptance_mean: float | None = Field(default=None, ge=1,
                                               description="mean accepted length per step with MTP")

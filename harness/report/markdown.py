@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.io import atomic_write_text
 from harness.records import PointRecord, RunManifest
+from harness.report import evidence
 from harness.results import RunPaths, iter_points, read_manifest
 
 TPOT_TOLERANCE = 0.10
@@ -32,15 +33,9 @@ def _count(value: float | int | None) -> str:
 
 
 def reused_points(manifest: RunManifest, points: list[PointRecord]) -> list[int]:
-    """Concurrencies whose conversations run past the built dataset, so they re-send ones already sent.
-
-    EvalScope rotates the list by --dataset-offset (docs/facts.md §6): a point reads
-    conversations [offset, offset + number); past the end it reads the start again.
-    """
-    built = manifest.workload.conversations_built
-    if not built or built <= 0:
-        return []
-    return sorted({p.parallel for p in points if p.dataset_offset + p.number > built})
+    """Concurrencies that re-send conversations an earlier point already sent (EvalScope rotates the
+    list by --dataset-offset, docs/facts.md §6; harness/report/evidence.py counts them)."""
+    return list(evidence.reused_points(manifest, points))
 
 
 def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[ReportWarning]:
@@ -60,20 +55,27 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
                                         f"(manifest says {status})"))
     built, needed = manifest.workload.conversations_built, manifest.workload.conversations_needed
     if built is not None and needed is not None and built < needed:
-        reused = reused_points(manifest, points)
-        who = (", ".join(f"c{c}" for c in reused) + (" re-sends" if len(reused) == 1 else " re-send")
-               if reused else "some points re-send")
+        reused = evidence.reused_points(manifest, points)
+        who = (", ".join(f"c{c} re-sends {n}" for c, n in reused.items()) if reused
+               else "no point re-sends")
+        mode = " (the blog's reuse, on request)" if manifest.workload.conversation_reuse == "blog" else ""
         warnings.append(ReportWarning("conversation reuse", (
-            f"the dataset has {built} conversations but the sweep needs {needed}: {who} "
+            f"the dataset has {built} conversations but the sweep needs {needed}{mode}: {who} "
             "conversations an earlier point already sent, which the prefix cache has warmed; their "
             "TTFT and throughput look better than fresh traffic would")))
+    warnings += [ReportWarning(kind, text) for kind, text in
+                 evidence.client_warnings(manifest) + evidence.evidence_warnings(manifest)]
     for p in points:
         m = p.metrics
         if m is not None and m.tpot_disagrees:
+            why = (f"the client got the stream late and in bursts, so its interactivity is overstated "
+                   f"(the engine's own: {_num(m.server_interactivity_tok_s_user)} tok/s/user; docs/tpot.md)"
+                   if m.tpot_client_low else
+                   "delivery added time the engine did not spend: what users saw, not the engine's speed")
             warnings.append(ReportWarning("TPOT disagreement", (
                 f"`{p.deployment}` c{p.parallel}: client TPOT {_num(m.mean_tpot_ms, 2)} ms vs server "
                 f"{_num(m.server_tpot_ms, 2)} ms ({(m.tpot_rel_diff or 0.0):+.0%}, more than "
-                f"{TPOT_TOLERANCE:.0%}): the measurement itself is in doubt")))
+                f"{TPOT_TOLERANCE:.0%}): {why}")))
     for p in points:
         resets = p.metrics.counter_resets if p.metrics is not None else 0
         if p.server_restarted or resets:
@@ -190,11 +192,13 @@ def render_report(run_dir: Path, plots_dir: Path) -> str:
             f"{len(points)} points over {len(manifest.deployments) or len({p.deployment for p in points})} "
             f"deployment(s); status {manifest.status}.", "", "## Warnings", ""]
     out += [f"- **{w.kind}**: {w.text}" for w in warnings] or ["None."]
+    out += ["", evidence.client_line(manifest) + " " + evidence.reuse_line(manifest)]
     out += ["", "## Points", ""] + _points_table(points)
     out += ["", "Interactivity = 1000 / mean TPOT; per-GPU throughput = EvalScope throughput / "
             f"{manifest.gpus_per_server} GPUs per server; occupancy = mean of the non-zero "
             "`vllm:num_requests_running` samples.", "", "## Figures", ""]
     out += _figures(run_dir, Path(plots_dir))
+    out += ["", "## HiSparse evidence", ""] + evidence.evidence_section(manifest, points)
     out += ["", "## Provenance", ""] + _provenance(manifest) + ["", "## Deployments", ""] + _deployments(run_dir, manifest)
     return "\n".join(out).rstrip() + "\n"
 

@@ -31,7 +31,8 @@ def draft_acceptance_for_mean(mean_length: float, num_speculative_tokens: int) -
 
 
 def policy_of(profile: LaunchProfile) -> Policy:
-    if profile.kv.hisparse is not None:
+    ignored = profile.sim is not None and profile.sim.faults.ignore_hisparse  # a build that drops the flags
+    if profile.kv.hisparse is not None and not ignored:
         return "hisparse"
     return "offload" if profile.kv.offload is not None else "none"
 
@@ -67,7 +68,7 @@ def engine_config(profile: LaunchProfile, run_seed: int | None = None) -> Engine
     if k and sim.mtp_acceptance_mean is not None:
         acceptance = draft_acceptance_for_mean(sim.mtp_acceptance_mean, k)
     topk = sim.index_topk or model.index_topk
-    hisparse = profile.kv.hisparse
+    hisparse = profile.kv.hisparse if policy_of(profile) == "hisparse" else None
     offload = profile.kv.offload
     hot_rows = (hisparse.device_buffer_size if hisparse and hisparse.device_buffer_size
                 else (k + 2) * topk if k else 2 * topk)  # (decode query length + 1) x top-K, docs/facts.md §2

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import sys
@@ -22,7 +23,8 @@ from aiohttp import web
 from harness.config import LaunchProfile
 from harness.config.sim import SimSettings
 from harness.errors import HarnessError
-from harness.sim.engine import Engine, FinishedRequest, SimRequest
+from harness.evidence import START_CONCURRENCY, START_ENABLED, START_POOLS
+from harness.sim.engine import Engine, EngineConfig, FinishedRequest, SimRequest
 from harness.sim.engine_config import engine_config
 from harness.sim.exposition import MALFORMED_METRICS_TEXT, MetricsText
 from harness.sim.prompt import PromptMeasurer
@@ -295,6 +297,25 @@ class SimServer:
         return ", ".join(parts)
 
 
+def hisparse_start_lines(config: EngineConfig) -> list[str]:
+    """The start-up lines vLLM logs when HiSparse is on (docs/facts.md §2), from the engine's own pools.
+
+    The steady-state concurrency is the calculator's rule applied to those pools (docs/facts.md §4):
+    max(baseline, min(max_num_seqs, GPU limit, host limit)) for requests of max_model_len tokens."""
+    if config.policy != "hisparse" or config.host_pool_bytes is None:
+        return []
+    sizing, tokens = config.sizing, config.max_model_len
+    blocks = math.ceil(tokens / config.block_size)
+    gpu_pages, host_blocks = sizing.pool_hisparse_pages, config.host_pool_bytes // sizing.host_block_bytes
+    gpu_limit = gpu_pages // (blocks + config.hot_pages_per_request)
+    baseline = min(config.max_num_seqs, sizing.pool_full_blocks // blocks)
+    concurrency = max(baseline, min(config.max_num_seqs, gpu_limit, host_blocks // blocks))
+    return [START_ENABLED % (config.index_topk, config.hot_rows, max(0, config.hot_rows - config.index_topk),
+                             config.max_num_seqs),
+            START_POOLS % (config.host_pool_bytes / 2**30, host_blocks, sizing.kv_bytes_per_gpu / 2**30, gpu_pages),
+            START_CONCURRENCY % (tokens, concurrency)]
+
+
 async def serve(server: SimServer, host: str, port: int) -> None:
     """Serve until cancelled (SIGINT/SIGTERM)."""
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
@@ -306,6 +327,8 @@ async def serve(server: SimServer, host: str, port: int) -> None:
     if sockets:
         bound = sockets[0].getsockname()[1]
     server.log(f"sim: SIMULATED engine (no GPU): {server.describe()}")
+    for line in hisparse_start_lines(server.config):
+        server.log(f"INFO sim: {line}")
     if server.profile.api_key:  # as older vLLM releases do: the key appears among the printed arguments
         server.log(f"sim: non-default args: {{'api_key': {server.profile.api_key!r}, "
                    f"'served_model_name': [{server.model_name!r}]}}")
