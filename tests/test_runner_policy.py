@@ -120,7 +120,9 @@ def test_a_server_that_never_starts_fails_its_points_and_the_sweep_goes_on(tmp_p
 
 def test_a_preflight_failure_under_stop_ends_as_stopped(tmp_path):
     # a vLLM arm whose pinned pools can never fit this host: preflight refuses before any server starts
+    (tmp_path / "model").mkdir()  # a local model: nothing to fetch from a hub
     huge = ("engine: vllm\nbuild: vllm==0.33.0\nreserve_gpus: 0\nsim: null\n"
+            f"serve: {{model: {tmp_path / 'model'}}}\n"
             "kv: {hisparse: null, offload: {spec: CPUOffloadingSpec, cpu_bytes: 1000TiB}}\n")
     launcher = FakeLauncher()
     outcome = sweep(tmp_path, launcher, FakeLoadGenerator(), policy="stop", profile_extra={"a": huge})
@@ -164,7 +166,7 @@ def test_failed_requests_mark_a_point_degraded_with_the_count(tmp_path):
     assert again.skipped == 6  # a degraded point ran to its end: a resume keeps it
     # a sweep that tolerates one failed request keeps the point ok
     (tmp_path / "t").mkdir()
-    tolerant = sweep(tmp_path / "t", FakeLauncher(), FakeLoadGenerator(outcome=lambda n, a: "partial"),
+    tolerant = sweep(tmp_path / "t", FakeLauncher(), FakeLoadGenerator(outcome=lambda n, a: "ok" if n.endswith("c1") else "partial"),
                      max_failed=1)
     assert tolerant.status == "ok" and tolerant.degraded == 0
 
