@@ -1,23 +1,17 @@
-"""How much worse than its baseline a metric may get before the nightly gate calls it a regression.
+"""Which way is better for each metric the nightly knows, and the gate's thresholds.
 
-A sweep file sets them under `nightly:`; every field has the default below, and a metric set to
-null is not gated:
-
-    nightly:
-      baseline_nights: 7
-      thresholds:
-        mean_ttft_ms: {max_ratio: 1.25}          # looser than the default 1.15
-        mtp_acceptance_length: null              # not gated
-        preemptions: {max_rise: 2}               # any float summary.csv column may be added
+The thresholds are the `nightly:` section of a sweep file; their schema is in harness/config/nightly.py
+(so a sweep file is checked when it loads) and is re-exported here for the gate and its callers.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from harness.config.nightly import GATEABLE_METRICS, GateThresholds, MetricRule, NightlySettings
 
-from harness.summary import COLUMNS
+__all__ = ["GATEABLE_METRICS", "METRIC_BETTER", "Better", "GateThresholds", "MetricRule", "NightlySettings",
+           "metric_better"]
 
 Better = Literal["higher", "lower"]
 
@@ -30,85 +24,6 @@ METRIC_BETTER: dict[str, Better] = {
     "occupancy_mean_running": "higher",
     "mtp_acceptance_length": "higher",
 }
-_FLOAT_COLUMNS = {c.name for c in COLUMNS if c.kind == "float"}
-
-
-class MetricRule(BaseModel):
-    """Exactly one limit: a ratio to the baseline, or an absolute change in the metric's own unit."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    min_ratio: float | None = Field(None, gt=0, description="fail when value < min_ratio x baseline")
-    max_ratio: float | None = Field(None, gt=0, description="fail when value > max_ratio x baseline")
-    max_drop: float | None = Field(None, ge=0, description="fail when baseline - value > max_drop")
-    max_rise: float | None = Field(None, ge=0, description="fail when value - baseline > max_rise")
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> MetricRule:
-        given = [name for name in ("min_ratio", "max_ratio", "max_drop", "max_rise")
-                 if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise ValueError("give exactly one of min_ratio, max_ratio, max_drop, max_rise "
-                             f"(got {', '.join(given) or 'none'})")
-        return self
-
-    @property
-    def text(self) -> str:
-        """The limit as a report prints it."""
-        if self.min_ratio is not None:
-            return f">= {self.min_ratio:.2f}x baseline"
-        if self.max_ratio is not None:
-            return f"<= {self.max_ratio:.2f}x baseline"
-        if self.max_drop is not None:
-            return f"drop <= {self.max_drop:g}"
-        return f"rise <= {self.max_rise:g}"
-
-    def violated(self, baseline: float, value: float) -> bool:
-        if self.min_ratio is not None:
-            return baseline > 0 and value < self.min_ratio * baseline
-        if self.max_ratio is not None:
-            return baseline > 0 and value > self.max_ratio * baseline
-        if self.max_drop is not None:
-            return baseline - value > self.max_drop
-        assert self.max_rise is not None
-        return value - baseline > self.max_rise
-
-
-class GateThresholds(BaseModel):
-    """One rule per gated metric (None: not gated). Further float summary.csv columns may be added."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-    __pydantic_extra__: dict[str, MetricRule | None] = Field(init=False)  # validated like the fields
-
-    interactivity_tok_s_user: MetricRule | None = MetricRule(min_ratio=0.90)
-    total_tok_s_per_gpu: MetricRule | None = MetricRule(min_ratio=0.90)
-    output_tok_s_per_gpu: MetricRule | None = MetricRule(min_ratio=0.90)
-    mean_ttft_ms: MetricRule | None = MetricRule(max_ratio=1.15)
-    occupancy_mean_running: MetricRule | None = MetricRule(max_drop=1.0)
-    mtp_acceptance_length: MetricRule | None = MetricRule(min_ratio=0.95)
-
-    @model_validator(mode="after")
-    def _known_columns(self) -> GateThresholds:
-        for name in self.__pydantic_extra__ or {}:
-            if name not in _FLOAT_COLUMNS:
-                raise ValueError(f"{name}: not a numeric summary.csv column (the gate compares those)")
-        return self
-
-    def rules(self) -> list[tuple[str, MetricRule]]:
-        """(metric, rule) of every gated metric: the defaults first, then the added ones."""
-        named = [(name, getattr(self, name)) for name in type(self).model_fields]
-        extra = sorted((self.__pydantic_extra__ or {}).items())
-        return [(name, rule) for name, rule in named + extra if rule is not None]
-
-
-class NightlySettings(BaseModel):
-    """The `nightly:` section of a sweep file."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    baseline_nights: int = Field(7, ge=1, description="the baseline is the median of this many comparable "
-                                 "nights, the most recent ones")
-    thresholds: GateThresholds = Field(default_factory=GateThresholds)
 
 
 def metric_better(metric: str) -> Better | None:
