@@ -71,6 +71,30 @@ def test_simulated_nights_are_never_compared_with_measured_ones() -> None:
     assert result.exit_code == 2 and "simulated True vs False" in result.notes[-1]
 
 
+def test_virtual_time_nights_are_never_compared_with_served_simulated_ones() -> None:
+    served = [n.model_copy(update={"simulated": True}) for n in _nights(8)]
+    virtual = synthetic_night(9, rng=np.random.default_rng(1), simulated=True).model_copy(
+        update={"virtual_time": True})
+    result = gate_night(virtual, served)
+    assert result.exit_code == 2 and "virtual_time True vs False" in result.notes[-1]
+
+
+def test_a_night_that_failed_for_its_infrastructure_is_not_comparable_and_never_a_baseline() -> None:
+    nights = _nights(8)
+    broken = synthetic_night(9, rng=np.random.default_rng(1), failed=[(OFFLOAD, 1), (OFFLOAD, 16), (OFFLOAD, 32)])
+    broken = broken.model_copy(update={"infrastructure_failure": f"{OFFLOAD}: server failed to start: timeout"})
+    result = gate_night(broken, nights)
+    assert (result.outcome, result.exit_code) == ("not_comparable", 2)
+    assert result.notes[0] == f"infrastructure failure: {OFFLOAD}: server failed to start: timeout"
+    assert {f.reason for f in result.findings} == {"point_failed"}  # still listed, for the report
+    tonight = synthetic_night(10, rng=np.random.default_rng(2))
+    after = gate_night(tonight, [*nights, broken])
+    assert broken.night_id not in after.baseline_nights and len(after.baseline_nights) == 7
+    assert after.exit_code == 0
+    only_broken = gate_night(tonight, [broken])
+    assert only_broken.exit_code == 0 and only_broken.notes[0].startswith("first night")
+
+
 def test_the_first_night_passes_with_a_note_and_a_new_sweep_starts_a_new_baseline() -> None:
     first = _nights(1)[0]
     result = gate_night(first, [])

@@ -94,7 +94,10 @@ def _best(y: np.ndarray, settings: DetectorSettings) -> SeriesChange | None:
     null = _null_table(n, settings.min_segment, settings.null_draws, settings.seed)
     exceed = len(null) - int(np.searchsorted(null, statistic - 1e-12, side="left"))
     p_value = (1 + exceed) / (len(null) + 1)
-    near = ks[n * np.log(np.maximum(rss, 1e-300) / max(rss[at], 1e-300)) <= _LOCATION_SLACK]
+    # the nights that fit nearly as well under either shape: whether a change is a step or a drift is
+    # itself uncertain, and a slow drift fits as a step a night or two later (or a drift a night earlier)
+    either = np.minimum(rss_step[0], rss_drift[0])
+    near = ks[n * np.log(np.maximum(either, 1e-300) / max(rss[at], 1e-300)) <= _LOCATION_SLACK]
     before, slope = float(np.mean(y[:k])), None
     if kind == "step":
         after = float(np.mean(y[k:]))

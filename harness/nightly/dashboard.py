@@ -76,9 +76,19 @@ def _copy_artifacts(store: NightStore, night: NightRecord, out_dir: Path, warnin
         shutil.copyfile(source, target)
 
 
+def _x_labels(nights: Sequence[NightRecord]) -> list[str]:
+    """The date of each night; with the time too where two nights share a date (a re-run, a test)."""
+    starts = [(n.started_at or n.night_id) for n in nights]
+    dates = [s[:10] for s in starts]
+    if len(set(dates)) == len(dates):
+        return dates
+    return [s[5:16].replace("T", " ") if len(s) >= 16 and s[10] == "T" else s for s in starts]
+
+
 def _charts(nights: Sequence[NightRecord], results: Sequence[GateResult], changes: Sequence[ChangePoint],
             metrics: Sequence[str]) -> list[TrendChart]:
     ids = [n.night_id for n in nights]
+    labels = _x_labels(nights)
     deployments = sorted({d for n in nights for d, _ in n.points()})
     charts = []
     for metric in metrics:
@@ -91,7 +101,7 @@ def _charts(nights: Sequence[NightRecord], results: Sequence[GateResult], change
                        if c.deployment == dep and c.metric == metric]
             unit = _UNITS.get(metric, "")
             charts.append(TrendChart(f"{metric}{f' ({unit})' if unit else ''}: {dep}", metric, dep, ids,
-                                     [(n.started_at or n.night_id)[:10] for n in nights],
+                                     labels,
                                      [f"nights/{i}.html" for i in ids], series, flagged, markers))
     return charts
 

@@ -1,9 +1,11 @@
 """The nightly gate: tonight against the median of the last N comparable nights.
 
 Outcome and exit code: pass (0), regression (1), not comparable (2: no usable baseline because the
-hardware or engine differs from every earlier night, or nothing ran). A first night with no history
+hardware or engine differs from every earlier night, nothing ran, or the night itself failed for its
+infrastructure: no GPU, a build or a server start that failed). A first night with no history
 passes with a note. Failed and degraded points, and HiSparse asked for but not on, are regressions
-even without a baseline: they need none.
+even without a baseline: they need none. Nights that failed for their infrastructure, or completed no
+point, are never part of a baseline.
 """
 
 from __future__ import annotations
@@ -84,15 +86,18 @@ def gate_night(night: NightRecord, history: Sequence[NightRecord],
     earlier = sorted((n for n in history if n.order < night.order and n.night_id != night.night_id),
                      key=lambda n: n.order)
     notes: list[str] = []
+    if night.infrastructure_failure:
+        notes.append(f"infrastructure failure: {night.infrastructure_failure}")
     findings = _evidence_findings(night, notes)
     if not night.rows:
         return GateResult(night.night_id, "not_comparable", findings,
                           notes + ["no point recorded: the sweep did not run (infrastructure)"])
-    comparable = [n for n in earlier if n.key == night.key]
+    measured = [n for n in earlier if n.measured]
+    comparable = [n for n in measured if n.key == night.key]
     baseline = comparable[-settings.baseline_nights:]
     outcome: Outcome = "pass"
     if not baseline:
-        outcome = _without_baseline(night, earlier, notes)
+        outcome = _without_baseline(night, measured, notes)
     else:
         if len(baseline) < settings.baseline_nights:
             notes.append(f"baseline from {len(baseline)} comparable night(s), fewer than "
@@ -100,6 +105,8 @@ def gate_night(night: NightRecord, history: Sequence[NightRecord],
         findings += _missing_findings(night, baseline) + _metric_findings(night, baseline, settings)
     if findings:
         outcome = "regression"
+    if night.infrastructure_failure:
+        outcome = "not_comparable"  # its findings are listed, but the night did not measure what it should
     result = GateResult(night.night_id, outcome, findings, notes, [n.night_id for n in baseline])
     if not explain or not comparable:
         return result

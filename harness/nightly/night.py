@@ -32,6 +32,7 @@ class _ManifestFacts:
     sweep_name: str
     sweep_sha256: str | None
     simulated: bool
+    virtual_time: bool
     gpu: GpuFacts
     gpus_per_server: int | None
     provenance: NightProvenance
@@ -55,12 +56,16 @@ def _manifest_facts(m: dict[str, Any]) -> _ManifestFacts:
             vllm_version=build.get("vllm_version") or (dep.get("server_version") or {}).get("version"),
             vllm_commit=build.get("vllm_commit"), kernel_hash=kernel.get("source_sha256"),
             hisparse_requested=requested, hisparse_active=evidence.get("hisparse_active"))
+    simulated = bool(m.get("simulated"))
+    if simulated:  # the simulated hardware is the one the profiles declare; the host's GPUs ran nothing
+        gpu_facts = GpuFacts(model=m.get("gpu_model"))
+    else:  # what nvidia-smi saw first: a runner with other GPUs than the profiles declare is another machine
+        gpu_facts = GpuFacts(model=gpu.get("model") or m.get("gpu_model"), count=gpu.get("count") or None,
+                             driver=gpu.get("driver"))
     return _ManifestFacts(
         night_id=m["run_id"], started_at=m.get("started_at"), sweep_name=m["sweep_name"],
         sweep_sha256=(prov.get("config_files") or {}).get(m.get("sweep_path")),
-        simulated=bool(m.get("simulated")),
-        gpu=GpuFacts(model=m.get("gpu_model") or gpu.get("model"), count=gpu.get("count") or None,
-                     driver=gpu.get("driver")),
+        simulated=simulated, virtual_time=simulated and bool(prov.get("simulated")), gpu=gpu_facts,
         gpus_per_server=m.get("gpus_per_server"),
         provenance=NightProvenance(harness_commit=prov.get("harness_commit"),
                                    evalscope_version=prov.get("evalscope_version")),
@@ -98,9 +103,10 @@ def _with_metric_evidence(facts: DeploymentFacts, rows: list[Any]) -> Deployment
     return facts.model_copy(update={"hisparse_active": True}) if seen else facts
 
 
-def night_from_run(run_dir: Path, report_path: str | None = None,
-                   figure_paths: tuple[str, ...] = ()) -> NightRecord:
-    """The night record of one run folder (a finished or stopped nightly sweep)."""
+def night_from_run(run_dir: Path, report_path: str | None = None, figure_paths: tuple[str, ...] = (),
+                   infrastructure_failure: str | None = None) -> NightRecord:
+    """The night record of one run folder (a finished or stopped nightly sweep); `infrastructure_failure`
+    says why it could not measure what it should, when that is known."""
 
     run_dir = Path(run_dir)
     facts = _manifest_facts(read_manifest(run_dir).model_dump(mode="json"))
@@ -118,8 +124,9 @@ def night_from_run(run_dir: Path, report_path: str | None = None,
     try:
         return NightRecord(
             night_id=facts.night_id, started_at=facts.started_at, sweep_name=facts.sweep_name,
-            sweep_sha256=facts.sweep_sha256, simulated=facts.simulated, gpu=facts.gpu,
-            gpus_per_server=facts.gpus_per_server, provenance=facts.provenance, deployments=deployments,
-            rows=rows, report_path=report_path, figure_paths=list(figure_paths))
+            sweep_sha256=facts.sweep_sha256, simulated=facts.simulated, virtual_time=facts.virtual_time,
+            gpu=facts.gpu, gpus_per_server=facts.gpus_per_server, provenance=facts.provenance,
+            deployments=deployments, rows=rows, report_path=report_path, figure_paths=list(figure_paths),
+            infrastructure_failure=infrastructure_failure)
     except ValueError as exc:
         raise HarnessError(f"{run_dir}: cannot make a night record: {validation_message(exc)}") from None

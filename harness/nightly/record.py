@@ -71,14 +71,17 @@ class ComparisonKey(BaseModel):
     gpu_model: str | None
     gpu_count: int | None
     simulated: bool
+    # simulated in virtual time (`simulate`, no client) or served (EvalScope against `serve-sim`): the
+    # same engine measured two ways, whose numbers differ by the client's and the host's overheads
+    virtual_time: bool = False
 
     def same_hardware(self, other: ComparisonKey) -> bool:
-        return (self.gpu_model, self.gpu_count, self.simulated) == (other.gpu_model, other.gpu_count,
-                                                                    other.simulated)
+        return (self.gpu_model, self.gpu_count, self.simulated, self.virtual_time) == \
+            (other.gpu_model, other.gpu_count, other.simulated, other.virtual_time)
 
     def differences(self, other: ComparisonKey) -> list[str]:
         """What differs, as 'name: this vs other'."""
-        names = ("sweep_sha256", "gpu_model", "gpu_count", "simulated")
+        names = ("sweep_sha256", "gpu_model", "gpu_count", "simulated", "virtual_time")
         return [f"{n} {getattr(self, n)!r} vs {getattr(other, n)!r}" for n in names
                 if getattr(self, n) != getattr(other, n)]
 
@@ -93,6 +96,7 @@ class NightRecord(BaseModel):
     sweep_name: str
     sweep_sha256: str | None = None
     simulated: bool = False
+    virtual_time: bool = False  # simulated without a client (`harness simulate`)
     gpu: GpuFacts = Field(default_factory=GpuFacts)
     gpus_per_server: int | None = None
     provenance: NightProvenance = Field(default_factory=NightProvenance)
@@ -101,6 +105,9 @@ class NightRecord(BaseModel):
     # links relative to the store root (the dashboard copies what they name next to its pages)
     report_path: str | None = None
     figure_paths: list[str] = Field(default_factory=list)
+    # why the night could not measure what it should (no GPU, a build or a server start that failed);
+    # such a night is never part of a baseline
+    infrastructure_failure: str | None = None
 
     @field_validator("night_id")
     @classmethod
@@ -112,7 +119,12 @@ class NightRecord(BaseModel):
     @property
     def key(self) -> ComparisonKey:
         return ComparisonKey(sweep_sha256=self.sweep_sha256, gpu_model=self.gpu.model,
-                             gpu_count=self.gpu.count, simulated=self.simulated)
+                             gpu_count=self.gpu.count, simulated=self.simulated, virtual_time=self.virtual_time)
+
+    @property
+    def measured(self) -> bool:
+        """A night that can be part of a baseline: no infrastructure failure, and a point that completed."""
+        return self.infrastructure_failure is None and any(r.status == "ok" for r in self.rows)
 
     @property
     def order(self) -> tuple[str, str]:
