@@ -116,6 +116,13 @@ def client_argv_template(plan: ClientPlan, client: ClientSettings, *, model: str
     return argv + list(client.evalscope_args)
 
 
+def with_offset(argv: tuple[str, ...] | list[str], offset: int) -> list[str]:
+    """A point's argv with another --dataset-offset (a retry that shifts to fresh conversations)."""
+    out = list(argv)
+    out[out.index("--dataset-offset") + 1] = str(offset)
+    return out
+
+
 def conversations_read(offset: int, number: int, built: int) -> list[int]:
     """The conversation indices one EvalScope run reads (docs/facts.md §6): the list rotated by the
     offset (an offset at or past its length does nothing), then `number` of them, cycling."""

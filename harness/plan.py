@@ -111,6 +111,7 @@ class DatasetNeed:
     conversations_built: int  # what the recipe builds (the builder makes at least the need)
     mode: str = "fresh"  # the recipe's reuse: fresh, or blog (exactly conversations_built, rotating)
     resends: tuple[tuple[int, int], ...] = ()  # blog mode: (concurrency, warmed conversations it re-sends)
+    retry_reserve: int = 0  # spare conversations after the need, for retries that shift to fresh ones
 
     @property
     def reuse(self) -> bool:
@@ -121,12 +122,13 @@ class DatasetNeed:
         """How many conversations the run builds: the need (fresh), or exactly the recipe's (blog)."""
         if self.mode == "blog":
             return self.conversations_built
-        return max(self.conversations_built, self.conversations_needed)
+        return max(self.conversations_built, self.conversations_needed + self.retry_reserve)
 
     def describe(self) -> str:
         if self.mode != "blog":
-            return (f"fresh conversations at every point ({self.build_conversations} built, "
-                    f"{self.conversations_needed} needed)")
+            spare = f" + {self.retry_reserve} spare for retries" if self.retry_reserve else ""
+            return (f"{self.conversations_needed} conversations needed{spare}, {self.build_conversations} built: "
+                    "fresh conversations at every point")
         again = ", ".join(f"c{c} re-sends {n}" for c, n in self.resends) or "no point re-sends one"
         return (f"the blog's reuse: exactly {self.conversations_built} conversations, offsets rotating as "
                 f"EvalScope does ({again})")
@@ -279,9 +281,15 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
         by_point = warmed_resends([(p.parallel, off, p.number) for p, off in zip(specs, offsets, strict=True)],
                                   recipe.conversations)
         resends = tuple(sorted(by_point.items()))
+    reserve = 0
+    if sweep.retry_cache == "shift" and sweep.max_point_retries:
+        if recipe.reuse == "blog":
+            raise ConfigError(loaded.path, "retry_cache shift needs spare conversations, and the recipe's reuse: blog "
+                              "builds exactly its conversations; use retry_cache: restart", "retry_cache")
+        reserve = sweep.max_point_retries * sum(p.number for p in specs)
     need = DatasetNeed(recipe_path=loaded.recipe.path, recipe_name=recipe.name,
                        conversations_needed=needed, conversations_built=recipe.conversations, mode=recipe.reuse,
-                       resends=resends)
+                       resends=resends, retry_reserve=reserve)
     blog, parser = _reproduces_blog(loaded)
     if blog and (note := blog_client_warning(client, parser)):
         warnings.append(note)

@@ -103,7 +103,8 @@ class PointRecord(Record):
     evalscope_command: list[str] = Field(default_factory=list)
     evalscope_output_dir: str | None = None
     server_log_tail: list[str] = Field(default_factory=list)
-    server_restarted: bool = False
+    server_restarted: bool = False  # the attempt recorded here ran on a server started after the first start
+    retry: Literal["restart", "shift"] | None = None  # how the retry recorded here avoided a warm prefix cache
     simulated: bool = False
     gpus_per_server: int
     warnings: list[str] = Field(default_factory=list)  # what makes the numbers doubtful though the point ran

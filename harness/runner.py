@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -30,7 +30,7 @@ from harness.dataset import BuiltDataset, ensure_built
 from harness.errors import HarnessError
 from harness.evidence import check_hisparse
 from harness.io import display_path
-from harness.loadgen import LoadGenerator
+from harness.loadgen import LoadGenerator, with_offset
 from harness.plan import DeploymentPlan, Plan, PointPlan, make_plan
 from harness.point import failed_record, run_point
 from harness.records import BuildRecord, DeploymentRecord, PointRecord, WorkloadRecord
@@ -125,6 +125,7 @@ class _Run:
         self.plan, self.recorder, self.outcome, self.dataset = plan, recorder, outcome, dataset
         self.launcher, self.load_generator, self.options, self.progress = launcher, load_generator, options, progress
         self.stop = threading.Event()  # set by the failure policy or an interrupt: start nothing new
+        self._shifted = 0  # conversations taken by retries that shifted (retry_cache: shift)
         self.interrupted = False
         self.weights: dict[str, WeightsOutcome] = {}  # by deployment: its hub model, fetched onto the nodes
         self._lock = threading.Lock()
@@ -140,6 +141,13 @@ class _Run:
             else:
                 self.outcome.failed += 1
                 self.outcome.failures.append(f"{record.deployment} c{record.parallel}: {record.reason}")
+
+    def shifted(self, point: PointPlan) -> PointPlan:
+        """The point on conversations past every planned one and every earlier shift (retry_cache: shift)."""
+        with self._lock:
+            offset = self.plan.dataset.conversations_needed + self._shifted
+            self._shifted += point.number
+        return replace(point, dataset_offset=offset, client_argv=tuple(with_offset(point.client_argv, offset)))
 
     def stop_by_policy(self) -> None:
         with self._lock:
@@ -396,7 +404,7 @@ def _point_with_retries(run: _Run, dep: DeploymentPlan, point: PointPlan, server
     """Run a point, again on a healthy (restarted if need be) server up to max_point_retries times.
     Every attempt keeps its own EvalScope folder; point.json records the last one. None: the sweep
     is stopping and the point was cut short."""
-    retries, attempt = run.plan.sweep.sweep.max_point_retries, 0
+    retries, attempt, how = run.plan.sweep.sweep.max_point_retries, 0, None
     while True:
         restarted_before = server.starts
         handle = server.ensure_up()  # a ServerStartError ends the deployment: the caller records it
@@ -408,7 +416,16 @@ def _point_with_retries(run: _Run, dep: DeploymentPlan, point: PointPlan, server
         if run.stop.is_set() and run.interrupted:
             return None
         record.server_restarted = server.starts > 1 and server.starts != restarted_before
+        record.retry = how if attempt else None
         if record.status != "failed" or attempt == retries or run.stop.is_set():
             return record
         attempt += 1
-        run.progress(f"{dep.name}: c{point.parallel}: retrying ({attempt} of {retries})")
+        # the failed attempt warmed the prefix cache with its conversations: the retry must not reuse it
+        how = run.plan.sweep.sweep.retry_cache
+        if how == "shift":
+            point = run.shifted(point)
+            where = f"on conversations no attempt sent (offset {point.dataset_offset})"
+        else:
+            server.stop()
+            where = "on a restarted server (cold prefix cache)"
+        run.progress(f"{dep.name}: c{point.parallel}: retrying ({attempt} of {retries}) {where}")

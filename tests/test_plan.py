@@ -110,12 +110,16 @@ def test_text_plan_is_readable():
     out = subprocess.run([sys.executable, "-m", "harness", "plan", "sweeps/tp8.yaml"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     assert "216 conversations needed" in out
-    assert out.count("evalscope perf") == 10
+    # the blog's client, pinned and built into its own cached environment, on every arm and point
+    assert out.count("-m evalscope.cli.cli perf") == 10
+    assert out.count("  client: EvalScope 1.7.0 (pinned 1.7.0") == 2
+    assert out.count("  pinned host memory: 512 GiB pinned per node (executor mp") == 2
     assert "c32 (number 64, offset 152)" in out
 
 
 def test_small_dataset_warns_about_reuse(tmp_path):
-    # the blog built 128 conversations: c24 and c32 then re-send warmed ones (docs/facts.md §6)
+    # the blog built 128 conversations (docs/facts.md §6): the sweep builds 216 unless the recipe asks for
+    # the blog's reuse, and then c32 re-sends 36 warmed ones (c24 wraps onto conversations nobody sent yet)
     (tmp_path / "r.yaml").write_text(
         "name: small\nsource: {kind: hub, id: x/y}\ntokenizer: x/y\nfirst_turn_length: 100\n"
         "subsequent_turn_length: 10\nnum_turns: 2\nconversations: 128\n")
@@ -124,7 +128,12 @@ def test_small_dataset_warns_about_reuse(tmp_path):
     (tmp_path / "s.yaml").write_text(sweep.replace("../launch/", str(ROOT / "launch") + "/"))
     plan = make_plan(load_sweep(tmp_path / "s.yaml"))
     assert plan.dataset.reuse and plan.dataset.conversations_needed == 216
+    assert plan.dataset.build_conversations == 216 and plan.dataset.mode == "fresh"
     assert any("re-send" in w for w in plan.warnings)
+    (tmp_path / "r.yaml").write_text((tmp_path / "r.yaml").read_text() + "reuse: blog\n")
+    blog = make_plan(load_sweep(tmp_path / "s.yaml"))
+    assert blog.dataset.build_conversations == 128 and blog.dataset.resends == ((32, 36),)
+    assert any("c32 re-sends 36" in w for w in blog.warnings)
 
 
 @pytest.mark.parametrize("base,numbers,expected", [(52, [4, 16, 32, 48, 64], [52, 56, 72, 104, 152]),

@@ -29,7 +29,8 @@ conversations: 12
 
 
 def sweep_file(tmp_path: Path, *, policy: str = "continue", retries: int = 0, arms: tuple[str, ...] = ("a", "b"),
-               profile_extra: dict[str, str] | None = None, max_failed: int = 0) -> Path:
+               profile_extra: dict[str, str] | None = None, max_failed: int = 0,
+               retry_cache: str = "restart") -> Path:
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     for arm in arms:
         extra = (profile_extra or {}).get(arm, "")
@@ -41,6 +42,7 @@ dataset: recipe.yaml
 gpus_per_server: 8
 on_point_failure: {policy}
 max_point_retries: {retries}
+retry_cache: {retry_cache}
 max_failed_requests: {max_failed}
 client: {{max_tokens: 8, points: [{{parallel: 1, number: 1}}, {{parallel: 2, number: 2}}, {{parallel: 4, number: 2}}]}}
 scrape: {{interval_s: 0.2}}
@@ -75,6 +77,29 @@ def test_a_failed_attempt_is_retried_and_the_retry_recorded(tmp_path):
     point = next(p for p in iter_points(outcome.run_dir) if (p.deployment, p.parallel) == ("a", 2))
     assert point.status == "ok" and point.attempt == 2
     assert (outcome.run_dir / "points/a/p2/evalscope/attempt-1/evalscope.log").exists()
+
+
+def test_a_retry_restarts_the_server_so_its_prefix_cache_is_cold(tmp_path):
+    loadgen = FakeLoadGenerator(outcome=lambda name, attempt: "fail" if name == "a-c2" and attempt == 1 else "ok")
+    launcher = FakeLauncher()
+    outcome = sweep(tmp_path, launcher, loadgen, retries=1, arms=("a",))
+    assert outcome.status == "ok" and launcher.started == ["a", "a"]  # the retry got a fresh server
+    points = {p.parallel: p for p in iter_points(outcome.run_dir)}
+    assert points[2].retry == "restart" and points[2].server_restarted and points[2].dataset_offset == 1
+    assert points[1].retry is None and not points[1].server_restarted
+    assert not points[4].server_restarted  # ran on the server the retry started, but not after a restart
+
+
+def test_a_retry_can_shift_to_conversations_no_attempt_sent(tmp_path):
+    loadgen = FakeLoadGenerator(outcome=lambda name, attempt: "fail" if name == "a-c2" and attempt == 1 else "ok")
+    launcher = FakeLauncher()
+    outcome = sweep(tmp_path, launcher, loadgen, retries=1, arms=("a",), retry_cache="shift")
+    assert outcome.status == "ok" and launcher.started == ["a"]  # same server, other conversations
+    point = next(p for p in iter_points(outcome.run_dir) if p.parallel == 2)
+    # the points read 0, 1..2, 3..4 of 1 + 2 + 2 planned; the retry starts after them
+    assert point.retry == "shift" and point.dataset_offset == 5
+    assert point.evalscope_command[point.evalscope_command.index("--dataset-offset") + 1] == "5"
+    assert read_manifest(outcome.run_dir).workload.conversations_built >= 5 + 5  # one retry's reserve
 
 
 def test_continue_records_the_failure_and_runs_the_rest(tmp_path):

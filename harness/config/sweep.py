@@ -126,6 +126,10 @@ class SweepFile(StrictModel):
     max_failed_requests: int = Field(default=0, ge=0, description="failed requests a point may have and stay "
                                      "ok; more mark it degraded (with the count)")
     max_point_retries: int = Field(default=0, ge=0, le=5)
+    retry_cache: Literal["restart", "shift"] = Field(
+        default="restart", description="how a retried point avoids the prefix cache its failed attempt warmed: "
+        "restart the server (cold cache), or shift to conversations no earlier attempt sent (the dataset is "
+        "built with max_point_retries x every point's number spare conversations)")
     deployments: list[DeploymentSpec] = Field(min_length=1)
     nightly: NightlySettings = Field(default_factory=NightlySettings,
                                      description="the nightly gate's window and thresholds "

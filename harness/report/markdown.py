@@ -79,8 +79,10 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
     for p in points:
         resets = p.metrics.counter_resets if p.metrics is not None else 0
         if p.server_restarted or resets:
+            what = ("its retry ran on a server restarted for it (cold prefix cache)" if p.retry == "restart"
+                    else "the server restarted during the point")
             warnings.append(ReportWarning("server restarted", (
-                f"`{p.deployment}` c{p.parallel}: the server restarted during the point"
+                f"`{p.deployment}` c{p.parallel}: {what}"
                 + (f" ({resets} counter reset{'s' if resets > 1 else ''} seen)" if resets else ""))))
     flagged = {p.deployment for p in points if p.server_restarted}
     for dep, entry in manifest.deployments.items():
