@@ -1,9 +1,11 @@
 """The nightly dashboard in a real headless Chromium: it loads from file:// alone, logs no error,
-and shows one trend chart per (metric, deployment)."""
+and shows one trend chart per (metric, deployment). `visit_offline` is shared with the end-to-end
+nightly test (tests/test_nightly_e2e.py), which opens the dashboard of a simulated-engine history."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import shutil
@@ -24,7 +26,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
          "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
-def _browser() -> str:
+def browser() -> str:
     for name in BROWSERS:
         if found := shutil.which(name):
             return found
@@ -72,8 +74,9 @@ class _Cdp:
             self.events.append(message)
 
 
-async def _visit(port: int, urls: list[str]) -> tuple[list[dict], list[dict]]:
-    """Load each url in turn; returns (DevTools events, what the script below read off each page)."""
+async def _visit(port: int, urls: list[str], screenshot: Path | None) -> tuple[list[dict], list[dict]]:
+    """Load each url in turn; returns (DevTools events, what the script below read off each page).
+    The first page is also saved as a PNG at `screenshot`, when given."""
     import aiohttp
 
     async with aiohttp.ClientSession() as http:
@@ -95,34 +98,30 @@ async def _visit(port: int, urls: list[str]) -> tuple[list[dict], list[dict]]:
                     links: [...document.querySelectorAll('a')].map(a => new URL(a.getAttribute('href'), document.baseURI).href),
                     title: document.title})""")
                 found.append(json.loads(result["result"]["value"]))
+                if screenshot is not None and url == urls[0]:
+                    await cdp.call("Emulation.setDeviceMetricsOverride", width=1200, height=900,
+                                   deviceScaleFactor=1, mobile=False)
+                    shot = await cdp.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+                    screenshot.write_bytes(base64.b64decode(shot["data"]))
             return cdp.events, found
 
 
-@pytest.mark.slow
-def test_dashboard_opens_offline_in_headless_chromium_with_a_chart_per_metric_and_deployment(tmp_path: Path) -> None:
-    browser = _browser()
-    store = _history(tmp_path)
-    out = tmp_path / "site"
-    result = build_dashboard(store, out)
-    assert result.warnings == [] and result.night_pages == 12
-    assert result.charts == len(METRIC_BETTER) * 2
-    html = (out / "index.html").read_text()
-    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in html
-    profile = tmp_path / "profile"
-    proc = subprocess.Popen([browser, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
+def visit_offline(workdir: Path, urls: list[str], screenshot: Path | None = None) -> tuple[list[dict], list[dict]]:
+    """Open each file:// url in a fresh headless Chromium (skips without one); (DevTools events, pages)."""
+    chromium = browser()
+    profile = workdir / "chromium-profile"
+    proc = subprocess.Popen([chromium, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0",
                              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:
         port_file = profile / "DevToolsActivePort"
         deadline = time.monotonic() + 30
         while not (port_file.is_file() and port_file.read_text().strip()):
-            assert proc.poll() is None, f"{browser} exited with {proc.returncode}"
+            assert proc.poll() is None, f"{chromium} exited with {proc.returncode}"
             assert time.monotonic() < deadline, "Chromium did not open its DevTools port in 30 s"
             time.sleep(0.1)
         port = int(port_file.read_text().split()[0])
-        night = store.load().nights[-1].night_id
-        events, pages = asyncio.run(_visit(port, [(out / "index.html").as_uri(),
-                                                  (out / "nights" / f"{night}.html").as_uri()]))
+        return asyncio.run(_visit(port, urls, screenshot))
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -130,14 +129,35 @@ def test_dashboard_opens_offline_in_headless_chromium_with_a_chart_per_metric_an
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    requested = [e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"]
+
+
+def requested_urls(events: list[dict]) -> list[str]:
+    return [e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"]
+
+
+def console_errors(events: list[dict]) -> list[dict]:
+    """Script exceptions, console.error calls, error log entries and failed loads."""
+    return [e for e in events if e.get("method") in ("Runtime.exceptionThrown", "Network.loadingFailed")
+            or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] == "error")
+            or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
+
+
+@pytest.mark.slow
+def test_dashboard_opens_offline_in_headless_chromium_with_a_chart_per_metric_and_deployment(tmp_path: Path) -> None:
+    browser()
+    store = _history(tmp_path)
+    out = tmp_path / "site"
+    result = build_dashboard(store, out)
+    assert result.warnings == [] and result.night_pages == 12
+    assert result.charts == len(METRIC_BETTER) * 2
+    html = (out / "index.html").read_text()
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "") and "https://" not in html
+    night = store.load().nights[-1].night_id
+    events, pages = visit_offline(tmp_path, [(out / "index.html").as_uri(),
+                                             (out / "nights" / f"{night}.html").as_uri()])
+    requested = requested_urls(events)
     assert requested and all(u.startswith("file://") for u in requested), requested
-    errors = [e for e in events if e.get("method") == "Runtime.exceptionThrown"
-              or (e.get("method") == "Runtime.consoleAPICalled" and e["params"]["type"] == "error")
-              or (e.get("method") == "Log.entryAdded" and e["params"]["entry"]["level"] == "error")]
-    assert errors == []
-    failed = [e for e in events if e.get("method") == "Network.loadingFailed"]
-    assert failed == [], failed
+    assert console_errors(events) == []
     index, night_page = pages
     charts = {(metric, dep) for metric, dep, width in index["charts"] if width > 0}
     assert len(index["charts"]) == len(charts) == len(METRIC_BETTER) * 2

@@ -114,7 +114,8 @@ def test_failed_degraded_and_hisparse_off_need_no_baseline() -> None:
     assert "server died" in result.findings[0].detail
     degraded = synthetic_night(2, rng=rng)
     row = degraded.row(HISPARSE, 16)
-    rows = [r if r is not row else row.model_copy(update={"failed_requests": 3}) for r in degraded.rows]
+    rows = [r if r is not row else row.model_copy(update={"failed_requests": 3, "status": "degraded"})
+            for r in degraded.rows]
     result = gate_night(degraded.model_copy(update={"rows": rows}), [])
     assert [(f.parallel, f.reason, f.value) for f in result.findings] == [(16, "point_degraded", 3.0)]
     off = gate_night(synthetic_night(3, rng=rng, hisparse_active=False), [])

@@ -140,10 +140,10 @@ def _evidence_findings(night: NightRecord, notes: list[str]) -> list[Finding]:
     out = []
     for row in sorted(night.rows, key=lambda r: (str(r.deployment), r.parallel or 0)):
         dep, parallel = str(row.deployment), row.parallel
-        if row.status != "ok":
+        if row.status not in ("ok", "degraded"):
             out.append(Finding(dep, parallel, None, None, None, None, "", "point_failed",
                                f"{dep} c{parallel} failed: {row.reason or 'no reason recorded'}"))
-        elif row.failed_requests:
+        elif row.status == "degraded":  # more failed requests than the sweep's max_failed_requests
             out.append(Finding(dep, parallel, "failed_requests", None, float(row.failed_requests), None,
                                "= 0", "point_degraded",
                                f"{dep} c{parallel}: {row.failed_requests} of {row.total_requests} requests failed"))
