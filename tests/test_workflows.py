@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.cli import COMMANDS, _parser
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
 NAMES = ("ci.yml", "nightly-gpu.yml", "nightly-sim.yml")
@@ -82,6 +84,23 @@ def test_nightly_sim_runs_the_same_commands_on_a_hosted_runner() -> None:
     gpu_commands = {s["name"] for s in _steps(_load("nightly-gpu.yml")) if "harness" in s.get("run", "")}
     sim_commands = {s["name"].replace(" (simulated engine)", "") for s in _steps(sim) if "harness" in s.get("run", "")}
     assert gpu_commands - {"Install the harness"} <= sim_commands
+
+
+def test_the_nightly_steps_call_the_nightly_command_as_it_parses() -> None:
+    """The commands the workflows run exist and take the options given (the GPU step's as it expands)."""
+    names = {name for name, _, _ in COMMANDS}
+    for workflow in NAMES:
+        for step in _steps(_load(workflow)):
+            for line in step.get("run", "").splitlines():
+                words = line.split()
+                if "harness" in words and words[words.index("harness") - 1] == "-m":
+                    assert words[words.index("harness") + 1] in names, line
+    sim = next(s for s in _steps(_load("nightly-sim.yml")) if s.get("id") == "nightly")["run"].split()
+    gpu = ["nightly", "sweeps/nightly.yaml", "--store", "history/", "--kernels", "vllm", "--vllm-ref", "abc123"]
+    for argv in (sim[sim.index("harness") + 1:], gpu):
+        args = _parser("nightly").parse_args(argv)
+        assert args.command == "nightly" and str(args.store) == "history"
+    assert _parser("nightly").parse_args(gpu).vllm_ref == "abc123"
 
 
 @pytest.mark.parametrize("name", NAMES)
