@@ -10,7 +10,10 @@ snapshot is copied from it, resuming a partial copy, and then checked by the lib
 Before any transfer the node's free disk is compared with what is still to come.
 
 The cache root on a node: the `cache_root` argument, else $HISPARSE_WEIGHTS_CACHE on that node,
-else ~/.cache/hisparse-harness/weights, expanded on that node.
+else ~/.cache/hisparse-harness/weights, expanded on that node. The seed likewise: the `seed_cache`
+argument (a folder in the library's layout), else $HISPARSE_WEIGHTS_SEED on that node, a weights cache
+root like the one above (its `<hub>/` folder is the seed; another node's cache root on a shared
+filesystem will do). harness/weights.py decides which models go onto which nodes for a sweep.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from harness.hub import (
 
 DEFAULT_CACHE_ROOT = Path("~/.cache/hisparse-harness/weights")
 CACHE_ROOT_ENV = "HISPARSE_WEIGHTS_CACHE"
+SEED_CACHE_ENV = "HISPARSE_WEIGHTS_SEED"
+LOCAL_NODE_ID = "local"  # the node id of a fetch without Ray
 # left free after a download: a disk filled to the last byte breaks the server's logs and compiles
 DISK_MARGIN_BYTES = 2 * 2**30
 COPY_CHUNK_BYTES = 8 * 2**20
@@ -58,6 +63,8 @@ class NodeFetch:
     bytes_transferred: int  # bytes the node's cache grew by (downloads and copies, resumed parts excluded)
     seconds: float
     already_present: bool
+    needed_bytes: int | None = None  # what the disk check found still to come (None: not checked or unknown)
+    free_bytes: int | None = None  # free on the cache's disk at the check
 
 
 @dataclass(frozen=True)
@@ -113,7 +120,8 @@ def _free_bytes(path: Path) -> tuple[Path, int]:
     return probe, shutil.disk_usage(probe).free
 
 
-def check_free_disk(label: str, hub_cache: Path, needed_bytes: int | None, emit: Progress) -> None:
+def check_free_disk(label: str, hub_cache: Path, needed_bytes: int | None, emit: Progress) -> tuple[int | None, int]:
+    """(needed, free) bytes; FetchError before any transfer when the disk is too small."""
     probe, free = _free_bytes(hub_cache)
     if needed_bytes is None:
         emit(f"{label}: warning: the hub does not say how large the download is; free disk not checked "
@@ -121,6 +129,7 @@ def check_free_disk(label: str, hub_cache: Path, needed_bytes: int | None, emit:
     elif needed_bytes + DISK_MARGIN_BYTES > free:
         raise FetchError(f"{label}: needs {size_text(needed_bytes)} (+{size_text(DISK_MARGIN_BYTES)} margin) "
                          f"but {probe} has {size_text(free)} free")
+    return needed_bytes, free
 
 
 def _copy_resumable(src: Path, dest: Path, lines: LineProgress) -> None:
@@ -172,11 +181,12 @@ def _seed_plan(ref: HubRef, seed: ResolvedRef, seed_cache: Path, hub_cache: Path
     return files, links
 
 
-def _copy_from_seed(ref: HubRef, seed_cache: Path, hub_cache: Path, label: str, emit: Progress) -> None:
+def _copy_from_seed(ref: HubRef, seed_cache: Path, hub_cache: Path, label: str,
+                    emit: Progress) -> tuple[int | None, int]:
     seed = resolve(ref, cache_dir=seed_cache, offline=True, progress=emit)
     files, links = _seed_plan(ref, seed, seed_cache, hub_cache)
     needed = sum(src.stat().st_size - (dest.stat().st_size if dest.is_file() else 0) for src, dest in files)
-    check_free_disk(label, hub_cache, needed, emit)
+    disk = check_free_disk(label, hub_cache, needed, emit)
     lines = LineProgress(f"{label}: copying from {seed_cache}", emit)
     lines.add_total(needed)
     for src, dest in files:
@@ -186,6 +196,7 @@ def _copy_from_seed(ref: HubRef, seed_cache: Path, hub_cache: Path, label: str, 
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(text)
     lines.finish()
+    return disk
 
 
 def _present(ref: HubRef, hub_cache: Path) -> bool:
@@ -196,7 +207,7 @@ def _present(ref: HubRef, hub_cache: Path) -> bool:
     return True
 
 
-def fetch_here(ref: HubRef | str, *, node_id: str = "local", cache_root: Path | str | None = None,
+def fetch_here(ref: HubRef | str, *, node_id: str = LOCAL_NODE_ID, cache_root: Path | str | None = None,
                offline: bool | None = None, seed_cache: Path | str | None = None,
                progress: Progress | None = None) -> NodeFetch:
     """Put ref into this machine's weights cache; what was moved and how long it took."""
@@ -205,17 +216,21 @@ def fetch_here(ref: HubRef | str, *, node_id: str = "local", cache_root: Path | 
     label = f"{host}: {ref.label}"
     emit = progress or (lambda line: print(line, flush=True))
     hub_cache = node_cache_root(cache_root) / ref.hub
+    if seed_cache is None and os.environ.get(SEED_CACHE_ENV):  # a weights cache root: <root>/<hub>/ inside
+        seed_cache = Path(os.environ[SEED_CACHE_ENV]) / ref.hub
     repo = repo_cache_folder(ref, hub_cache)
     before, start = folder_bytes(repo), time.monotonic()
+    disk: tuple[int | None, int | None] = (None, None)
     if seed_cache is not None and not _present(ref, hub_cache):
-        _copy_from_seed(ref, Path(seed_cache).expanduser(), hub_cache, label, emit)
+        disk = _copy_from_seed(ref, Path(os.path.expandvars(str(seed_cache))).expanduser(), hub_cache, label, emit)
     if not (is_offline(ref.hub) if offline is None else offline):  # a moved branch downloads again: check
-        check_free_disk(label, hub_cache, download_size_bytes(ref, hub_cache), emit)
+        disk = check_free_disk(label, hub_cache, download_size_bytes(ref, hub_cache), emit)
     resolved = resolve(ref, cache_dir=hub_cache, offline=offline, progress=lambda line: emit(f"{host}: {line}"))
     moved = max(0, folder_bytes(repo) - before)
     return NodeFetch(node_id=node_id, hostname=host, local_path=resolved.local_path,
                      revision_sha=resolved.revision_sha, bytes_transferred=moved,
-                     seconds=round(time.monotonic() - start, 3), already_present=moved == 0)
+                     seconds=round(time.monotonic() - start, 3), already_present=moved == 0,
+                     needed_bytes=disk[0], free_bytes=disk[1])
 
 
 def fetch_weights_local(ref: HubRef | str, *, cache_root: Path | str | None = None, offline: bool | None = None,
@@ -245,11 +260,15 @@ def _fetch_task(ref: HubRef, cache_root: str | None, offline: bool | None, seed_
         return _NodeFailure(node_id, socket.gethostname(), f"{ref.label}: {exc.strerror or exc}")
 
 
-def server_nodes() -> list[str]:
-    """Alive nodes that have GPUs (the ones a server can run on); all alive nodes where none has any."""
+def server_nodes(min_gpus: int | None = None) -> list[str]:
+    """Alive nodes a server can run on. min_gpus None: the nodes that have GPUs (all alive nodes where
+    none has any); else the nodes with a CPU and at least min_gpus GPUs, as the Ray launcher places."""
     import ray
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
+    if min_gpus is not None:
+        return [n["NodeID"] for n in alive if n.get("Resources", {}).get("CPU", 0) >= 1
+                and n.get("Resources", {}).get("GPU", 0) >= min_gpus]
     with_gpus = [n["NodeID"] for n in alive if n.get("Resources", {}).get("GPU", 0) > 0]
     return with_gpus or [n["NodeID"] for n in alive]
 
@@ -296,10 +315,12 @@ def fetch_weights(ref: HubRef | str, *, nodes: Sequence[str] | None = None, cach
             outcomes += ray.get(ready)
             drain()
             if deadline is not None and time.monotonic() > deadline and pending:
-                for stuck in pending:
-                    ray.cancel(stuck, force=True)
                 raise FetchError(f"{ref.label}: {len(pending)} node(s) still fetching after {timeout_s:.0f} s")
         drain()
+    except BaseException:  # a timeout or an interrupt: no task goes on downloading on a joined cluster
+        for stuck in pending:
+            ray.cancel(stuck, force=True)
+        raise
     finally:
         queue.shutdown()
     failed = [o for o in outcomes if isinstance(o, _NodeFailure)]

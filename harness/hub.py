@@ -1,16 +1,14 @@
-"""One way to name and fetch a repository on ModelScope or Hugging Face.
+"""One way to fetch a repository from ModelScope or Hugging Face.
 
-A `HubRef` names a model or data set on one hub at one revision; `resolve` turns it into a
-local folder through that hub's own client (modelscope's and huggingface_hub's
-`snapshot_download`), so each library's cache folder, offline switch, resume and integrity
-checks apply unchanged. `read_dataset_rows` reads a data set snapshot's split the way the
-`datasets` library finds split files, which both hubs use, so the same files give the same
-rows from either hub. The hub libraries are imported only when a reference is resolved.
+A `HubRef` (harness/config/hubref.py) names a model or data set on one hub at one revision;
+`resolve` turns it into a local folder through that hub's own client (modelscope's and
+huggingface_hub's `snapshot_download`), so each library's cache folder, offline switch, proxy
+settings, resume and integrity checks apply unchanged. harness/hub_rows.py reads a data set
+snapshot's rows. The hub libraries are imported only when a reference is resolved.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -19,25 +17,28 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
-from harness.errors import HarnessError
+from harness.config.hubref import (
+    COMMIT_RE,
+    DEFAULT_HUB,
+    PREFIXES,
+    Hub,
+    HubError,
+    HubRef,
+    RepoType,
+    check_trust_remote_code,
+    is_hub_reference,
+    looks_like_local_path,
+)
 
-Hub = Literal["modelscope", "huggingface"]
-RepoType = Literal["model", "dataset"]
-DEFAULT_HUB: Hub = "huggingface"
-PREFIXES: dict[str, Hub] = {"ms://": "modelscope", "hf://": "huggingface"}
+__all__ = ["COMMIT_RE", "DEFAULT_HUB", "OFFLINE_ENV", "PREFIXES", "Hub", "HubError", "HubRef", "LineProgress",
+           "Progress", "RepoType", "ResolvedRef", "check_trust_remote_code", "is_hub_reference", "is_offline",
+           "library_cache_dir", "looks_like_local_path", "repo_cache_folder", "resolve", "size_text"]
+
 # huggingface_hub's own switch; modelscope has none (only local_files_only), so the harness reads this one
 OFFLINE_ENV: dict[Hub, str] = {"huggingface": "HF_HUB_OFFLINE", "modelscope": "MODELSCOPE_OFFLINE"}
-COMMIT_RE = re.compile(r"[0-9a-f]{40}")
-_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-_REPO_ID_RE = re.compile(rf"{_NAME}/{_NAME}")
-DATA_EXTENSIONS = (".jsonl", ".json", ".parquet")
 Progress = Callable[[str], None]
-
-
-class HubError(HarnessError):
-    """A hub reference that cannot be resolved; the message names the hub, the id and the revision."""
 
 
 def _truthy(value: str | None) -> bool:
@@ -49,87 +50,12 @@ def is_offline(hub: Hub) -> bool:
     return any(_truthy(os.environ.get(name)) for name in (OFFLINE_ENV[hub], *also))
 
 
-def looks_like_local_path(text: str) -> bool:
-    """A model or data set named by a path, which no hub resolves."""
-    return text.startswith(("/", ".", "~")) or os.path.exists(text)
-
-
-@dataclass(frozen=True)
-class HubRef:
-    hub: Hub
-    repo_id: str
-    revision: str | None = None
-    repo_type: RepoType = "model"
-
-    def __str__(self) -> str:
-        prefix = next(p for p, h in PREFIXES.items() if h == self.hub)
-        kind = "datasets/" if self.repo_type == "dataset" else ""
-        return f"{prefix}{kind}{self.repo_id}" + (f"@{self.revision}" if self.revision else "")
-
-    @property
-    def label(self) -> str:
-        """How errors name this reference: `hub: org/name@revision`."""
-        return f"{self.hub}: {self.repo_id}@{self.revision or 'default branch'}"
-
-    @classmethod
-    def parse(cls, value: str | Mapping[str, Any] | HubRef, *, repo_type: RepoType = "model",
-              where: str = "") -> HubRef:
-        """From `ms://org/name@rev`, `hf://datasets/org/name`, a bare `org/name[@rev]` (DEFAULT_HUB), or a
-        mapping {hub, repo_id (or id), revision, repo_type}."""
-        at = f"{where}: " if where else ""
-        if isinstance(value, HubRef):
-            return value
-        if isinstance(value, Mapping):
-            unknown = sorted(set(value) - {"hub", "repo_id", "id", "revision", "repo_type"})
-            if unknown:
-                raise HubError(f"{at}unknown hub reference field(s) {unknown} "
-                               "(allowed: hub, repo_id, revision, repo_type)")
-            hub, rid = value.get("hub", DEFAULT_HUB), value.get("repo_id", value.get("id"))
-            revision, repo_type = value.get("revision"), value.get("repo_type", repo_type)
-        elif isinstance(value, str):
-            text, hub = value.strip(), DEFAULT_HUB
-            for prefix, name in PREFIXES.items():
-                if text.startswith(prefix):
-                    text, hub = text[len(prefix):], name
-            if text.startswith("datasets/"):
-                text, repo_type = text[len("datasets/"):], "dataset"
-            rid, _, revision = text.partition("@")
-            revision = revision if _ else None
-            if _ and not revision:
-                raise HubError(f"{at}{value!r}: empty revision after '@'")
-        else:
-            raise HubError(f"{at}a hub reference must be a string or a mapping, not {type(value).__name__}")
-        if hub not in get_args(Hub):
-            raise HubError(f"{at}unknown hub {hub!r} (use one of: {', '.join(get_args(Hub))})")
-        if repo_type not in get_args(RepoType):
-            raise HubError(f"{at}unknown repo_type {repo_type!r} (use model or dataset)")
-        if not isinstance(rid, str) or not _REPO_ID_RE.fullmatch(rid):
-            raise HubError(f"{at}{rid!r} is not a hub repository id (expected org/name, e.g. zai-org/GLM-5.3)")
-        if revision is not None and (not isinstance(revision, str) or not revision.strip()
-                                     or re.search(r"\s|@|\.\.", revision)):
-            raise HubError(f"{at}{revision!r} is not a revision (a commit sha, tag or branch name)")
-        return cls(hub=hub, repo_id=rid, revision=revision, repo_type=repo_type)
-
-
 @dataclass(frozen=True)
 class ResolvedRef:
     ref: HubRef
     local_path: Path
     revision_sha: str  # HF: the commit of the snapshot; ModelScope: the revision its cache recorded
     revision_is_commit: bool  # False where the hub's cache only knows a branch or tag name
-
-
-def check_trust_remote_code(ref: HubRef) -> None:
-    """trust_remote_code runs the repository's Python: refuse it unless the revision is pinned."""
-    why = ""
-    if ref.revision is None:
-        why = "no revision is pinned, so the code that runs can change between runs"
-    elif ref.revision in ("main", "master"):
-        why = f"{ref.revision!r} is a branch, so the code that runs can change between runs"
-    elif ref.hub == "huggingface" and not COMMIT_RE.fullmatch(ref.revision):
-        why = "a Hugging Face pin must be a 40-hex commit sha (branches and tags can move)"
-    if why:
-        raise HubError(f"{ref.label}: trust_remote_code refused: {why}; pin it as {ref.repo_id}@<commit>")
 
 
 def library_cache_dir(hub: Hub) -> Path:
@@ -359,99 +285,3 @@ def _ms_not_found(ref: HubRef) -> str:
     except Exception:  # the probe is only for a better message
         return "the hub has no such repository or revision"
     return "the hub has no such revision" if exists else "no such repository on the hub, or it is private"
-
-
-# ---- data set rows -------------------------------------------------------------------------------------
-
-def _card_data_files(root: Path, config: str | None) -> dict[str, list[str]] | None:
-    """Split -> path patterns from the README's YAML `configs` (the data set card), if it has any."""
-    import yaml
-
-    readme = root / "README.md"
-    if not readme.is_file():
-        return None
-    text = readme.read_text(encoding="utf-8", errors="replace")
-    found = re.match(r"---\s*\n(.*?)\n---\s*\n", text, re.S)
-    try:
-        card = yaml.safe_load(found.group(1)) if found else None
-    except yaml.YAMLError:
-        return None
-    configs = card.get("configs") if isinstance(card, dict) else None
-    if not isinstance(configs, list) or not configs:
-        return None
-    chosen = next((c for c in configs if c.get("config_name") == config), None) if config else (
-        next((c for c in configs if c.get("default")), None)
-        or next((c for c in configs if c.get("config_name") == "default"), configs[0]))
-    if chosen is None:
-        return None
-    files = chosen.get("data_files")
-    if isinstance(files, str) or isinstance(files, list) and all(isinstance(f, str) for f in files):
-        return {"train": [files] if isinstance(files, str) else list(files)}
-    if isinstance(files, dict):
-        return {k: [v] if isinstance(v, str) else list(v) for k, v in files.items()}
-    out: dict[str, list[str]] = {}
-    for item in files or []:
-        if isinstance(item, dict) and "split" in item:
-            path = item.get("path")
-            out.setdefault(item["split"], []).extend([path] if isinstance(path, str) else list(path or []))
-    return out or None
-
-
-def dataset_split_files(resolved: ResolvedRef, split: str, config: str | None = None) -> list[Path]:
-    """The files of one split, found as the `datasets` library finds them (the card's configs first,
-    then its default split patterns); ModelScope's MsDataset uses the same machinery."""
-    from datasets.data_files import EmptyDatasetError, get_data_patterns, resolve_pattern
-
-    root, label = resolved.local_path, resolved.ref.label
-    patterns = _card_data_files(root, config)
-    if patterns is None:
-        try:
-            patterns = get_data_patterns(str(root))
-        except EmptyDatasetError:
-            raise HubError(f"{label}: no data files in {root}") from None
-    if split not in patterns:
-        raise HubError(f"{label}: no split {split!r} (splits: {', '.join(sorted(patterns)) or 'none'})")
-    files: list[str] = []
-    for pattern in patterns[split]:
-        try:
-            files += resolve_pattern(pattern, base_path=str(root), allowed_extensions=list(DATA_EXTENSIONS))
-        except FileNotFoundError:
-            continue
-    if not files:
-        raise HubError(f"{label}: split {split!r} has no {'/'.join(DATA_EXTENSIONS)} files "
-                       f"(patterns {patterns[split]})")
-    return [Path(f.removeprefix("file://")) for f in dict.fromkeys(sorted(files))]
-
-
-def _rows_of(path: Path, label: str) -> list[dict[str, Any]]:
-    name = path.name
-    if name.endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
-    text = path.read_text(encoding="utf-8")
-    if name.endswith(".json"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None  # a .json file that holds JSON lines, which `datasets` also accepts
-        if isinstance(data, list):
-            return data
-        if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()):
-            return [dict(zip(data, values, strict=True)) for values in zip(*data.values(), strict=True)]
-    rows = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise HubError(f"{label}: {name} line {number}: not JSON ({exc.msg})") from None
-    return rows
-
-
-def read_dataset_rows(resolved: ResolvedRef, split: str, config: str | None = None) -> list[dict[str, Any]]:
-    """Every row of one split, file after file in name order."""
-    rows: list[dict[str, Any]] = []
-    for path in dataset_split_files(resolved, split, config):
-        rows += _rows_of(path, resolved.ref.label)
-    return rows

@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.builds.envs import env_dir_for, expected_python
 from harness.calc import sizing_for_launch, sizing_warnings
 from harness.config import ConfigError, LoadedLaunch, LoadedSweep
+from harness.config.hubref import HubRef
 from harness.io import display_path
 from harness.loadgen import (
     ClientPlan,
@@ -25,7 +26,7 @@ from harness.loadgen import (
     resolve_client,
     warmed_resends,
 )
-from harness.servers.base import PORT_PLACEHOLDER
+from harness.servers.base import MODEL_PLACEHOLDER, PORT_PLACEHOLDER
 from harness.servers.preflight import PinnedMemory, hisparse_refusals, pinned_memory
 from harness.servers.vllm_command import ServerCommand, server_command
 from harness.support import (
@@ -93,6 +94,8 @@ class DeploymentPlan:
     sizing: Sizing | None = None  # predicted concurrency (vLLM engines only)
     pinned: PinnedMemory | None = None  # host memory pinned per node (vLLM engines only)
     api_key: str | None = None  # the key the server demands; readiness, scrapes and the client send it
+    # a hub model: fetched onto the server's node before it starts; the argv names MODEL_PLACEHOLDER
+    weights: HubRef | None = None
 
     @property
     def launch_path(self) -> Path:
@@ -258,7 +261,10 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
         warnings += [f"{dep.name}: {note}" for note in notes]
         pinned = _refuse(launch)
         build = resolve_build(launch, envs_dir)
-        command = server_command(profile, launch.path, dialect=resolved, python=build.python if build else None)
+        weights = profile.model_ref
+        # a hub model is fetched onto the node first; which path it lands at is the fetch's to say
+        rendered = profile.served_from(MODEL_PLACEHOLDER) if weights is not None else profile
+        command = server_command(rendered, launch.path, dialect=resolved, python=build.python if build else None)
         served = sweep.client.model or profile.served_model_name
         api_key = profile.api_key
         points = tuple(
@@ -274,7 +280,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
             name=dep.name, launch=launch, engine=profile.engine, dialect=command.dialect, build=build,
             command=command, gpus=sweep.gpus_per_server, reserve_gpus=_reserved_gpus(launch, sweep.gpus_per_server),
             served_model_name=profile.served_model_name, ready_timeout_s=profile.effective_ready_timeout_s,
-            points=points, sizing=sizing, api_key=api_key, pinned=pinned))
+            points=points, sizing=sizing, api_key=api_key, pinned=pinned, weights=weights))
     recipe = loaded.recipe.recipe
     resends = ()
     if recipe.reuse == "blog":

@@ -13,7 +13,7 @@ import requests
 from harness import __version__
 from harness.config import LoadedSweep
 from harness.io import display_path, package_version, sha256_file
-from harness.records import GpuRecord, ProvenanceRecord
+from harness.records import GpuRecord, HubInputRecord, ProvenanceRecord
 
 # The checkout the package runs from, when it runs from one (an installed wheel has no commit).
 SOURCE_ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def host_ram_gib() -> float | None:
 
 def collect(loaded: LoadedSweep, dataset_path: Path | None, dataset_sha256: str | None, *,
             evalscope_version: str | None = None, client_source: str | None = None,
-            simulated: str | None = None) -> ProvenanceRecord:
+            simulated: str | None = None, hub_inputs: dict[str, HubInputRecord] | None = None) -> ProvenanceRecord:
     gpu = gpu_info()
     return ProvenanceRecord(
         harness_version=__version__, harness_commit=harness_commit(), python=sys.version.split()[0],
@@ -73,6 +73,7 @@ def collect(loaded: LoadedSweep, dataset_path: Path | None, dataset_sha256: str 
         ray_version=package_version("ray"),
         config_files={display_path(p): sha256_file(p) for p in loaded.files},
         dataset_path=display_path(dataset_path) if dataset_path else None, dataset_sha256=dataset_sha256,
+        hub_inputs=dict(hub_inputs or {}),
         gpu=GpuRecord(model=gpu.model, count=gpu.count, driver=gpu.driver), host_ram_gib=host_ram_gib(),
         simulated=simulated)
 

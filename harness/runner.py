@@ -45,7 +45,7 @@ from harness.servers.base import (
     stop_servers_on_signal,
 )
 from harness.servers.preflight import run_preflight
-from harness.weights import WeightsOutcome, fetch_needs, group_needs
+from harness.weights import WeightsOutcome, prefetch
 
 Progress = Callable[[str], None]
 LauncherKind = Literal["ray", "local"]
@@ -186,7 +186,8 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
              f"{' (cached)' if dataset.cached else ''}")
     recorder.record_provenance(provenance.collect(loaded, dataset.path, dataset.sha256,
                                                   evalscope_version=client_version,
-                                                  client_source=plan.client.source),
+                                                  client_source=plan.client.source,
+                                                  hub_inputs={i.role: i.record() for i in dataset.inputs}),
                                gpu_model=None)
     recorder.update_workload(dataset_sha256=dataset.sha256, conversations_built=dataset.conversations)
     for name, prepared in builds.items():
@@ -197,7 +198,13 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
                options, progress)
     try:
         with stop_servers_on_signal(launcher):
-            run.weights = _prefetch_weights(run, todo)  # before any server starts, onto every server node
+            # hub models onto every node that can run their servers, before any server starts; a failed
+            # fetch fails the preflight of the deployments that load it
+            run.weights = prefetch([(d.name, d.weights, d.reserve_gpus) for d in todo],
+                                   use_ray=options.launcher == "ray", progress=progress)
+            for name, fetched in run.weights.items():
+                if fetched.problem is None:
+                    recorder.update_deployment(name, weights=fetched.record())
             slots = max(1, min(len(todo), launcher.nodes_for(max(d.reserve_gpus for d in todo))))
             if slots > 1:
                 progress(f"running {len(todo)} deployments on {slots} nodes at once")
@@ -265,31 +272,10 @@ def prepare_on_node(profile, dialect, expected_python, envs_dir) -> PreparedServ
     return PreparedServer(python=prepared.env.python, provenance=prepared.provenance(), env=prepared.server_env)
 
 
-def _prefetch_weights(run: _Run, todo: list[DeploymentPlan]) -> dict[str, WeightsOutcome]:
-    """Each hub model the pending deployments load, onto every node that can run their servers;
-    a deployment whose fetch failed fails its preflight with the reason."""
-    needs = group_needs((d.name, d.weights, d.reserve_gpus) for d in todo)
-    by_deployment: dict[str, WeightsOutcome] = {}
-    for outcome in fetch_needs(needs, use_ray=run.options.launcher == "ray", progress=run.progress):
-        run.progress(outcome.summary())
-        for name in outcome.need.users:
-            by_deployment[name] = outcome
-            if outcome.problem is None:
-                run.recorder.update_deployment(name, weights=outcome.record())
-    return by_deployment
-
-
-def _model_paths(run: _Run, dep: DeploymentPlan) -> dict[str, str]:
-    """Where the server finds its fetched model, by the node ids its launcher knows."""
-    outcome = run.weights.get(dep.name)
-    if outcome is None or outcome.problem is not None:
-        return {}
-    paths = outcome.model_paths()
-    return paths if run.options.launcher == "ray" else {LOCAL_NODE: next(iter(paths.values()))}
-
-
 def _server_spec(run: _Run, dep: DeploymentPlan) -> ServerSpec:
-    profile = dep.profile
+    profile, fetched = dep.profile, run.weights.get(dep.name)
+    # the fetched model's path on each node, keyed as the launcher knows its nodes (fills "{model}")
+    model_paths = fetched.paths_for(LOCAL_NODE if run.options.launcher == "local" else None) if fetched else {}
     prepare = None
     if dep.build is not None and run.options.launcher == "ray":  # the build is made on the server's node
         prepare = partial(prepare_on_node, profile, dep.dialect, dep.build.python, run.options.envs_dir)
@@ -297,7 +283,7 @@ def _server_spec(run: _Run, dep: DeploymentPlan) -> ServerSpec:
                       port=profile.port or 0, log_path=run.recorder.paths.server_log(dep.name),
                       ready_timeout_s=dep.ready_timeout_s, gpus=dep.reserve_gpus,
                       served_model_name=dep.served_model_name, api_key=dep.api_key, pid_dir=run.options.pid_dir,
-                      prepare=prepare, model_paths=_model_paths(run, dep))
+                      prepare=prepare, model_paths=model_paths)
 
 
 class NotAsRequested(ServerStartError):

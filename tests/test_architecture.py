@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("harness.calc", "harness.metrics", "harness.dataset", "harness.sim", "harness.hub", "harness.hub_rows",
      "harness.provenance", "harness.evidence", "harness.telemetry"),
     ("harness.results", "harness.summary", "harness.builds", "harness.servers", "harness.loadgen",
-     "harness.fetch"),
+     "harness.fetch", "harness.weights"),
     ("harness.plan",),
     ("harness.point", "harness.runner", "harness.simulate"),
     ("harness.report", "harness.nightly"),

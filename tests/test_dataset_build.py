@@ -184,7 +184,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path, monkeypatch):
     assert "line 2" in one_line_error(lambda: build(write_recipe(tmp_path, source={"kind": "jsonl",
                                                                                    "path": str(broken)})))
     msg = one_line_error(lambda: build(write_recipe(tmp_path, source={"kind": "hub", "id": "nobody/nothing"})))
-    assert "hub" in msg and "cannot be reached" in msg
+    assert "huggingface: nobody/nothing@default branch: not in the local cache" in msg and "offline" in msg
     msg = one_line_error(lambda: build(write_recipe(tmp_path, pad={"kind": "openscience"})))
     assert "OpenScienceReasoning-2" in msg
     msg = one_line_error(lambda: build(write_recipe(tmp_path, first_turn_length=1)))

@@ -28,10 +28,10 @@ from harness.hub import (
     HubError,
     HubRef,
     check_trust_remote_code,
-    read_dataset_rows,
     repo_cache_folder,
     resolve,
 )
+from harness.hub_rows import read_dataset_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 HUBS = ("huggingface", "modelscope")

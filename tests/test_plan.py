@@ -51,9 +51,11 @@ def flag_pairs(argv: list[str]) -> set[tuple[str, str]]:
     return pairs
 
 
-def serve_argv(argv: list[str]) -> list[str]:
-    """`vllm serve MODEL ...` whatever program starts it (the plan names the build's interpreter)."""
-    return ["vllm", "serve", *argv[argv.index("serve") + 1:]]
+def serve_argv(argv: list[str], model: str | None = None) -> list[str]:
+    """`vllm serve MODEL ...` whatever program starts it (the plan names the build's interpreter); a
+    fetched model's `{model}` placeholder (its path on the server's node) read as `model`."""
+    rest = argv[argv.index("serve") + 1:]
+    return ["vllm", "serve", *[model if model and arg == "{model}" else arg for arg in rest]]
 
 
 def _plan_json(*extra: str) -> dict:
@@ -68,8 +70,11 @@ def test_blog_branch_commands_carry_exactly_the_blog_flags():
     hisparse = by_name["tp8-hisparse384-native128"]
     baseline = by_name["tp8-offload512"]
     assert hisparse["dialect"] == "blog-branch"
-    assert flag_pairs(serve_argv(hisparse["server_argv"])) == flag_pairs(shlex.split(BLOG_HISPARSE))
-    assert flag_pairs(serve_argv(baseline["server_argv"])) == flag_pairs(shlex.split(_blog_baseline()))
+    # GLM-5.3 is fetched onto each server's node first (at the pinned commit); the server loads that copy
+    assert hisparse["weights"] == baseline["weights"] == "hf://zai-org/GLM-5.3@aca966e4e02791568aa6a4ced368624b3d897f42"
+    model = "zai-org/GLM-5.3"
+    assert flag_pairs(serve_argv(hisparse["server_argv"], model)) == flag_pairs(shlex.split(BLOG_HISPARSE))
+    assert flag_pairs(serve_argv(baseline["server_argv"], model)) == flag_pairs(shlex.split(_blog_baseline()))
     # the plan resolved the build: the command runs the interpreter of the build's own environment
     assert hisparse["server_argv"][0] == hisparse["build"]["python"]
     assert hisparse["build"]["python"].endswith("/bin/python") and hisparse["build"]["kind"] == "git"

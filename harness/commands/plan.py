@@ -45,6 +45,7 @@ def plan_as_dict(plan: Plan) -> dict:
             "dialect": dep.dialect,
             "build": None if dep.build is None else {"spec": dep.build.spec, "kind": dep.build.kind,
                                                      "python": dep.build.python, "kernels": dep.build.kernels},
+            "weights": None if dep.weights is None else str(dep.weights),  # fetched first; "{model}" in the argv
             "server_argv": redact_argv(dep.command.argv),
             "server_env": redact_env(dep.command.env),
             "server_command": dep.command.shell_line(),
@@ -78,6 +79,8 @@ def plan_as_text(plan: Plan) -> str:
         if dep.build is not None:
             lines.append(f"  build: {dep.build.spec} ({dep.build.kind}; kernels {dep.build.kernels}; "
                          f"python {dep.build.python or 'the vllm on PATH'})")
+        if dep.weights is not None:
+            lines.append(f"  weights: {dep.weights} (fetched onto each server node first; {{model}} is its path there)")
         lines.append(f"  server: {dep.command.shell_line()}")
         lines.append(f"  client: {client.describe()}")
         if dep.pinned is not None:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
+from harness.config.hubref import Hub, HubError, HubRef, check_trust_remote_code, is_hub_reference
 from harness.config.sim import SimSettings
 from harness.schema import SizeBytes, StrictModel
 from harness.support import bundled_kernels_refusal, is_blog_branch_ref, release_has_hisparse
@@ -33,7 +34,10 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla", "bfloat1
 class ServeArgs(StrictModel):
     """`vllm serve` arguments the harness knows; anything else goes in extra_args."""
 
-    model: str
+    model: str = Field(description="a local path, or a hub id (org/name, ms://org/name@rev, hf://...): a vLLM "
+                       "server's weights are then fetched onto its node first and it starts from that path")
+    revision: str | None = Field(default=None, description="the hub revision of model (or write model@revision); "
+                                 "not a vLLM flag: the server starts from the fetched snapshot")
     served_model_name: str | None = None
     trust_remote_code: bool | None = None
     tensor_parallel_size: int = Field(default=1, ge=1)
@@ -182,6 +186,8 @@ class LaunchProfile(StrictModel):
 
     engine: Literal["vllm", "sim"] = "vllm"
     description: str | None = None
+    hub: Hub | None = Field(default=None, description="where a serve.model hub id without ms:// or hf:// "
+                            "comes from (default: huggingface)")
     build: Annotated[BuildSpec, BeforeValidator(_build_from_string)] = BuildSpec()
     dialect: Dialect = "auto"
     host: str = "127.0.0.1"
@@ -227,7 +233,41 @@ class LaunchProfile(StrictModel):
                                  "the simulated engine has none")
         if self.engine == "sim" and self.sim is None:
             object.__setattr__(self, "sim", SimSettings())
+        self._check_model_ref()
         return self
+
+    # ---- the model on a hub ----------------------------------------------------------------------
+
+    def _check_model_ref(self) -> None:
+        serve = self.serve
+        if not is_hub_reference(serve.model):
+            if serve.revision is not None:
+                raise ValueError(f"serve.revision: {serve.model} is a local path; a revision is for hub models")
+            return
+        try:
+            ref = HubRef.parse(serve.model, default_hub=self.hub, revision=serve.revision)
+        except HubError as exc:
+            raise ValueError(f"serve.model: {exc}") from None
+        if serve.trust_remote_code and self.engine == "vllm":
+            try:
+                check_trust_remote_code(ref)
+            except HubError as exc:
+                raise ValueError(f"serve.trust_remote_code: {exc}") from None
+
+    @property
+    def model_ref(self) -> HubRef | None:
+        """The hub model a vLLM server's node fetches before it starts (None: a local path, e.g. the
+        generated tiny model, or the simulated engine, which loads no weights)."""
+        if self.engine != "vllm" or not is_hub_reference(self.serve.model):
+            return None
+        return HubRef.parse(self.serve.model, default_hub=self.hub, revision=self.serve.revision)
+
+    def served_from(self, model_path: str) -> LaunchProfile:
+        """This profile with the server loading `model_path` (a fetched snapshot, or the plan's model
+        placeholder) under the name it would have had: served_model_name is set explicitly."""
+        serve = self.serve.model_copy(update={"model": model_path, "revision": None,
+                                              "served_model_name": self.served_model_name})
+        return self.model_copy(update={"serve": serve})
 
     @property
     def effective_ready_timeout_s(self) -> float:
@@ -237,7 +277,12 @@ class LaunchProfile(StrictModel):
 
     @property
     def served_model_name(self) -> str:
-        return self.serve.served_model_name or self.serve.model
+        """What clients ask for: served_model_name, else the model as written (a hub model: its id)."""
+        if self.serve.served_model_name:
+            return self.serve.served_model_name
+        if is_hub_reference(self.serve.model):
+            return HubRef.parse(self.serve.model, default_hub=self.hub).repo_id
+        return self.serve.model
 
     @property
     def api_key(self) -> str | None:

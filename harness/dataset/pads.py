@@ -1,7 +1,7 @@
 """Pad text: disjoint spans of a token pool, so that no two conversations share a prefix.
 
-Kinds (docs/facts.md §5): `openscience` (nvidia/OpenScienceReasoning-2, field `output`, from the
-hub), `local` (text files), `synthetic` (generated from the seed). The first two feed a
+Kinds (docs/facts.md §5): `openscience` (nvidia/OpenScienceReasoning-2, field `output`, from
+ModelScope or Hugging Face through harness/hub.py, rows read in order as they are needed), `local` (text files), `synthetic` (generated from the seed). The first two feed a
 `TextPool`: documents are cleaned (``<think>`` markup, chat-control spellings and the
 tokenizer's special tokens removed), joined, encoded once as one stream, and each pad slot
 takes the next span of it, cut at safe boundaries (harness.dataset.fit) so the span's
@@ -24,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.dataset.fit import is_safe_boundary
-from harness.dataset.tokenizer import Tokenizer, hub_reachable
+from harness.dataset.sources import hub_provenance
+from harness.dataset.tokenizer import Tokenizer
 from harness.errors import HarnessError
+from harness.hub import HubError, ResolvedRef
+from harness.hub_rows import iter_dataset_rows
 
 _THINK = re.compile(r"</?think>", re.IGNORECASE)
 # Chat-control spellings of the common templates (ChatML, Llama 3, GLM), whatever the tokenizer.
@@ -224,28 +227,18 @@ def _local_documents(paths: list[Path], special: list[str]) -> Iterator[str]:
                 yield cleaned
 
 
-def _hub_documents(dataset_id: str, split: str, field_name: str, special: list[str]) -> Iterator[str]:
-    if not hub_reachable():
-        raise HarnessError(f"pad {dataset_id}: the Hugging Face hub cannot be reached; use pad kind "
-                           "'local' (text files) or 'synthetic' offline")
+def _hub_documents(resolved: ResolvedRef, split: str, field_name: str, special: list[str]) -> Iterator[str]:
+    label = resolved.ref.label
     try:
-        from datasets import load_dataset
-    except ImportError:
-        raise HarnessError("pad kind openscience needs the `datasets` library (pip install datasets)") from None
-    try:
-        rows = load_dataset(dataset_id, split=split, streaming=True)
-        for row in rows:
-            value = row.get(field_name)
+        for row in iter_dataset_rows(resolved, split):
+            value = row.get(field_name) if isinstance(row, dict) else None
             if value is None:
-                raise HarnessError(f"pad {dataset_id}: rows have no field {field_name!r}")
+                raise HarnessError(f"pad {label}: rows have no field {field_name!r}")
             cleaned = clean_pad_text(str(value), special)
             if cleaned:
                 yield cleaned
-    except HarnessError:
-        raise
-    except Exception as exc:
-        raise HarnessError(f"pad {dataset_id} ({split}): cannot load: "
-                           f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}") from None
+    except HubError as exc:
+        raise HarnessError(f"pad {exc}") from None
 
 
 @dataclass
@@ -291,18 +284,19 @@ class PadSupply:
         return out
 
 
-def pad_inputs_digest(kind: str, paths: list[Path], dataset_id: str, split: str, field_name: str) -> str:
-    """What the pad depends on, for the cache key (file bytes for local pads)."""
+def pad_inputs_digest(kind: str, paths: list[Path], split: str, field_name: str) -> str:
+    """What the pad depends on, for the cache key: file bytes for local pads; split and field for the
+    hub pad (its hub, id and revision go into the key beside this: dataset/cache.py)."""
     digest = hashlib.sha256(kind.encode())
     if kind == "local":
         for path in paths:
             digest.update(hashlib.sha256(Path(path).read_bytes()).digest())
     elif kind == "openscience":
-        digest.update(f"{dataset_id}\0{split}\0{field_name}".encode())
+        digest.update(f"{split}\0{field_name}".encode())
     return digest.hexdigest()
 
 
-def make_pad_supply(kind: str, tokenizer: Tokenizer, seed: int, paths: list[Path], dataset_id: str,
+def make_pad_supply(kind: str, tokenizer: Tokenizer, seed: int, paths: list[Path], hub_source: ResolvedRef | None,
                     split: str, field_name: str, path_label=str) -> PadSupply:
     synthetic = SyntheticPad(tokenizer, seed)
     if kind == "synthetic":
@@ -314,8 +308,10 @@ def make_pad_supply(kind: str, tokenizer: Tokenizer, seed: int, paths: list[Path
         provenance = {"files": [{"path": path_label(p), "sha256": hashlib.sha256(Path(p).read_bytes()).hexdigest()}
                                 for p in paths]}
     elif kind == "openscience":
-        docs = _hub_documents(dataset_id, split, field_name, special)
-        provenance = {"id": dataset_id, "split": split, "field": field_name}
+        if hub_source is None:
+            raise HarnessError("pad kind openscience needs its hub data set resolved")
+        docs = _hub_documents(hub_source, split, field_name, special)
+        provenance = {**hub_provenance(hub_source), "split": split, "field": field_name}
     else:
         raise HarnessError(f"unknown pad kind {kind!r}")
     provenance["slot_lead"] = "code word per slot"

@@ -6,8 +6,9 @@ other role are dropped. Only the user side is kept: the first user message is th
 (issue text), the later ones (tool outputs) feed turns 2..N. Assistant turns are not
 needed: at benchmark time EvalScope puts the server's real replies in their place.
 
-Rows come from the hub (`datasets`, imported lazily), a JSONL file in the same schema, or
-the shipped sample (a JSONL file). A row's messages are read from `trajectory` (a list, or
+Rows come from a hub data set (ModelScope or Hugging Face, through harness/hub.py; the split's
+files read by harness/hub_rows.py), a JSONL file in the same schema, or the shipped sample (a
+JSONL file). A row's messages are read from `trajectory` (a list, or
 a JSON string of one) or, failing that, `messages`.
 """
 
@@ -21,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.dataset.tokenizer import hub_reachable
 from harness.errors import HarnessError
+from harness.hub import HubError, ResolvedRef
+from harness.hub_rows import SplitRows
 
 
 @dataclass(frozen=True)
@@ -117,21 +119,22 @@ def read_jsonl_rows(path: Path, label: str) -> SourceRows:
                                              "rows": len(rows)})
 
 
-def read_hub_rows(dataset_id: str, split: str) -> SourceRows:
-    if not hub_reachable():
-        raise HarnessError(f"source {dataset_id}: the Hugging Face hub cannot be reached; use a jsonl source "
-                           "(the same schema, one trajectory per line) or the shipped sample offline")
+def hub_provenance(resolved: ResolvedRef) -> dict[str, Any]:
+    """What a hub input is, for a built file's metadata: hub, id, the revision asked for and the one used."""
+    ref = resolved.ref
+    return {"hub": ref.hub, "id": ref.repo_id, "revision": ref.revision, "revision_sha": resolved.revision_sha,
+            "revision_is_commit": resolved.revision_is_commit}
+
+
+def read_hub_rows(resolved: ResolvedRef, split: str) -> SourceRows:
+    """The rows of a resolved hub data set's split (random access; Parquet rows are made on demand)."""
     try:
-        from datasets import load_dataset
-    except ImportError:
-        raise HarnessError("a hub source needs the `datasets` library (pip install datasets)") from None
-    try:
-        dataset = load_dataset(dataset_id, split=split)
-    except Exception as exc:
-        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise HarnessError(f"source {dataset_id} ({split}): cannot load: {first}") from None
-    return SourceRows(rows=dataset, provenance={"id": dataset_id, "split": split, "rows": len(dataset),
-                                                "fingerprint": getattr(dataset, "_fingerprint", None)})
+        rows = SplitRows(resolved, split)
+    except HubError as exc:
+        raise HarnessError(f"source {exc}") from None
+    root = resolved.local_path
+    return SourceRows(rows=rows, provenance={**hub_provenance(resolved), "split": split, "rows": len(rows),
+                                             "files": [f.relative_to(root).as_posix() for f in rows.files]})
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ Three ways in:
 - a local folder with tokenizer.json (+ tokenizer_config.json carrying a chat_template):
   transformers' AutoTokenizer;
 - a bare tokenizer.json file: the `tokenizers` library, with SIMPLE_CHAT_TEMPLATE;
-- a hub id: AutoTokenizer, only when the hub (or the local HF cache) has it.
+- a hub id (`org/name`, `ms://org/name@rev`, `hf://...`): the tokenizer's files are fetched through
+  harness/hub.py (only those files, never the weights) and loaded as a local folder.
 
 transformers is imported lazily: the simulated engine imports this module at start.
 """
@@ -18,14 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 from harness.errors import HarnessError
+from harness.hub import Hub, HubError, HubRef, ResolvedRef, check_trust_remote_code, resolve
 from harness.io import data_path
 
 DEFAULT_TOKENIZER_DIR = data_path("tokenizers", "harness-bpe")
@@ -34,6 +34,9 @@ DEFAULT_TOKENIZER_DIR = data_path("tokenizers", "harness-bpe")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "chat_template.jinja", "chat_template.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt")
+# What a hub tokenizer needs besides those: AutoTokenizer reads config.json for the model type, and
+# remote code (*.py) only runs with trust_remote_code at a pinned revision.
+HUB_EXTRA_FILES = ("config.json",)
 
 # The template used when only a tokenizer.json is given (no tokenizer_config.json). It is
 # GLM-shaped: a fixed prefix, then `<|role|>\n` + content per message, then the
@@ -78,6 +81,7 @@ class Tokenizer:
         self.fingerprint = fingerprint
         self._hf = hf_tokenizer
         self.chat_template = chat_template
+        self.origin: ResolvedRef | None = None  # the hub snapshot it came from, for a hub tokenizer
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.name!r}, fingerprint={self.fingerprint[:12]})"
@@ -177,59 +181,28 @@ def _auto_tokenizer(name: str, trust_remote_code: bool, local_only: bool) -> Any
             raise HarnessError(f"tokenizer {name}: cannot load: {first[:300]}{hint}") from None
 
 
-def _hub_endpoint() -> tuple[str, int]:
-    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    return url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
-
-
-def hub_reachable(timeout_s: float = 3.0) -> bool:
-    """A TCP connect to the hub endpoint; transformers itself retries for ~45 s when offline."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    host, port = _hub_endpoint()
+def _load_hub(name: str, trust_remote_code: bool, revision: str | None, hub: Hub | None) -> Tokenizer:
     try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def _cached_hub_folder(name: str) -> Path | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
-        return None
-    for filename in ("tokenizer_config.json", "tokenizer.json"):
-        try:
-            found = try_to_load_from_cache(name, filename)
-        except Exception:  # an id that is not a valid repo name is simply not cached
-            return None
-        if isinstance(found, str):
-            return Path(found).parent
-    return None
-
-
-def _load_hub(name: str, trust_remote_code: bool) -> Tokenizer:
-    cached = _cached_hub_folder(name)
-    if cached is None and not hub_reachable():
-        host, _ = _hub_endpoint()
-        raise HarnessError(
-            f"tokenizer {name!r} is not a local file or folder, is not in the Hugging Face cache, and the hub "
-            f"({host}) cannot be reached; give a local tokenizer folder or tokenizer.json instead")
-    hf = _auto_tokenizer(name, trust_remote_code, local_only=cached is not None)
-    folder = _cached_hub_folder(name)
-    fingerprint = (_files_fingerprint(folder) if folder is not None else
-                   hashlib.sha256(_backend_of(hf, name).to_str().encode()).hexdigest())
-    return Tokenizer(name=name, backend=_backend_of(hf, name), fingerprint=fingerprint, hf_tokenizer=hf,
-                     chat_template=getattr(hf, "chat_template", None) or None)
+        ref = HubRef.parse(name, default_hub=hub, revision=revision)
+        if trust_remote_code:
+            check_trust_remote_code(ref)
+        patterns = [*TOKENIZER_FILES, *HUB_EXTRA_FILES, *(["*.py"] if trust_remote_code else [])]
+        resolved = resolve(ref, allow_patterns=patterns)
+    except HubError as exc:
+        raise HarnessError(f"tokenizer {exc}") from None
+    tokenizer = _load_folder(resolved.local_path, trust_remote_code)
+    tokenizer.name, tokenizer.origin = str(ref), resolved
+    return tokenizer
 
 
 def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.endswith(".json")
 
 
-def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False) -> Tokenizer:
-    """A tokenizer from a local folder, a tokenizer.json, or a hub id; HarnessError when none loads."""
+def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False, *, revision: str | None = None,
+                   hub: Hub | None = None) -> Tokenizer:
+    """A tokenizer from a local folder, a tokenizer.json, or a hub id (at `revision`, from `hub` unless
+    the id has its own ms:// or hf://); HarnessError when none loads."""
     text = str(name_or_path)
     path = Path(os.path.expanduser(text))
     if path.is_dir():
@@ -238,12 +211,13 @@ def load_tokenizer(name_or_path: str | Path, trust_remote_code: bool = False) ->
         if path.name.endswith(".json"):
             return _load_tokenizer_json(path.resolve())
         raise HarnessError(f"{text}: a tokenizer file must be a tokenizer.json")
-    if isinstance(name_or_path, Path) or _looks_local(text) or text.count("/") > 1:
+    if isinstance(name_or_path, Path) or _looks_local(text) or text.split("://")[-1].count("/") > 1:
         raise HarnessError(f"tokenizer {text}: no such file or folder")
-    return _load_hub(text, trust_remote_code)
+    return _load_hub(text, trust_remote_code, revision, hub)
 
 
 @lru_cache(maxsize=8)
-def load_tokenizer_cached(name_or_path: str, trust_remote_code: bool = False) -> Tokenizer:
+def load_tokenizer_cached(name_or_path: str, trust_remote_code: bool = False, revision: str | None = None,
+                          hub: Hub | None = None) -> Tokenizer:
     """load_tokenizer, memoised per process (loading a large tokenizer takes seconds)."""
-    return load_tokenizer(name_or_path, trust_remote_code)
+    return load_tokenizer(name_or_path, trust_remote_code, revision=revision, hub=hub)

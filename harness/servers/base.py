@@ -9,7 +9,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.errors import HarnessError, Interrupted
@@ -19,16 +19,23 @@ DEFAULT_PID_DIR = Path("~/.cache/hisparse-harness/pids")
 # A server's argv may name its port and host before a launcher picks them on the server's node.
 PORT_PLACEHOLDER = "{port}"
 HOST_PLACEHOLDER = "{host}"
+# ... and the model's path, for weights fetched onto each node before the server starts: the path is
+# the fetch's, on the node the launcher lands on (ServerSpec.model_paths), known only at run time.
+MODEL_PLACEHOLDER = "{model}"
+LOCAL_NODE = "local"  # the model_paths key of the local launcher's one node
 
 
-def fill_placeholders(argv: list[str], *, host: str | None = None, port: int | None = None) -> list[str]:
-    """argv with the port and host placeholders filled where known (left as they are otherwise)."""
+def fill_placeholders(argv: list[str], *, host: str | None = None, port: int | None = None,
+                      model: str | None = None) -> list[str]:
+    """argv with the port, host and model placeholders filled where known (left as they are otherwise)."""
     out = []
     for arg in argv:
         if port is not None:
             arg = arg.replace(PORT_PLACEHOLDER, str(port))
         if host is not None:
             arg = arg.replace(HOST_PLACEHOLDER, host)
+        if model is not None:
+            arg = arg.replace(MODEL_PLACEHOLDER, model)
         out.append(arg)
     return out
 
@@ -59,9 +66,26 @@ class ServerSpec:
     # Run on the node that will run the server, before it starts (Ray: inside the actor): makes
     # the server's environment there. Must be picklable (a module-level function or a partial).
     prepare: Callable[[], PreparedServer] | None = None
+    # node id (LOCAL_NODE for the local launcher) -> where the weights fetch put the model on that node
+    model_paths: dict[str, str] = field(default_factory=dict)
 
     def resolved_pid_dir(self) -> Path:
         return (self.pid_dir or DEFAULT_PID_DIR).expanduser()
+
+    def needs_model_path(self) -> bool:
+        return any(MODEL_PLACEHOLDER in arg for arg in self.argv)
+
+    def on_node(self, node_id: str) -> ServerSpec:
+        """This spec with the model placeholder filled for the node the server will run on."""
+        if not self.needs_model_path():
+            return self
+        path = self.model_paths.get(node_id)
+        if path is None:
+            fetched = ", ".join(sorted(self.model_paths)) or "none"
+            raise ServerStartError(self.name, f"the model's weights were not fetched onto node {node_id} "
+                                   f"(fetched onto: {fetched}); run `harness fetch` for this launch profile",
+                                   self.log_path, [])
+        return replace(self, argv=fill_placeholders(self.argv, model=path))
 
 
 class ServerStartError(HarnessError):
@@ -158,6 +182,7 @@ class ServerHandle(ABC):
     log_path: Path
     cuda_visible_devices: str | None
     build_provenance: dict | None = None  # set where the server's node prepared its own build
+    model_path: str | None = None  # the fetched model the server loads (its node's copy), if fetched
     api_key: str | None = None  # what clients of this server must send (readiness, health, scrapes, load)
 
     @property

@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from harness.servers.base import Launcher, LauncherClosed, ServerHandle, ServerSpec, ServerStopError
+from harness.servers.base import (
+    LOCAL_NODE,
+    Launcher,
+    LauncherClosed,
+    ServerHandle,
+    ServerSpec,
+    ServerStopError,
+)
 from harness.servers.process import ServerProcess, http_healthy, pick_free_port
 from harness.servers.reaper import reap_stale_servers, start_tracked
 
@@ -49,9 +56,11 @@ class LocalLauncher(Launcher):
         if not self.accepting:
             raise LauncherClosed(spec.name, spec.log_path)
         self._reap_once(spec.resolved_pid_dir())
+        spec = spec.on_node(LOCAL_NODE)  # the fetched model's path on this machine
         port = spec.port or pick_free_port(spec.host)
         server = start_tracked(spec, spec.host, port)
         handle = LocalServerHandle(server, on_stopped=self._forget)
+        handle.model_path = spec.model_paths.get(LOCAL_NODE) if spec.model_paths else None
         with self._lock:
             self._handles.append(handle)
             accepting = self.accepting

@@ -26,6 +26,7 @@ from harness.calc.formulas import BLOCK_BYTES, BLOCK_TOKENS, GIB
 from harness.config import LaunchProfile
 from harness.io import atomic_write_json, utc_now_iso
 from harness.provenance import gpu_info, host_ram_gib
+from harness.weights import WeightsOutcome
 
 PINNED_RAM_LIMIT = 0.95  # vLLM refuses a pinned pool above this share of available RAM
 MIN_FREE_DISK_GIB = 1.0  # logs, EvalScope databases and scrapes of a long sweep
@@ -159,6 +160,18 @@ def hisparse_refusals(profile: LaunchProfile, ram_gib: float | None) -> list[str
     return problems
 
 
+@dataclass(frozen=True)
+class WeightsDiskCheck:
+    """One node's free-disk check for a hub model, made before any byte of it moved there."""
+
+    node: str
+    hostname: str
+    needed_bytes: int | None  # still to come (None: the hub did not say; nothing checked)
+    free_bytes: int | None
+    bytes_transferred: int
+    local_path: str
+
+
 @dataclass
 class PreflightReport:
     deployment: str
@@ -170,6 +183,8 @@ class PreflightReport:
     gpus_visible: int | None = None  # None: no nvidia-smi here
     gpu_model: str | None = None
     results_free_gib: float | None = None
+    weights: str | None = None  # the hub model fetched onto the server nodes
+    weights_disk: list[WeightsDiskCheck] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -178,13 +193,23 @@ class PreflightReport:
 
 
 def run_preflight(deployment: str, profile: LaunchProfile, gpus_needed: int, results_dir: Path,
-                  out_path: Path, server_on_this_host: bool = True) -> PreflightReport:
+                  out_path: Path, server_on_this_host: bool = True,
+                  weights: WeightsOutcome | None = None) -> PreflightReport:
     """Check this host for the profile; write preflight.json whatever the outcome.
 
     RAM and GPUs are checked only when the server will run on this host (a local launcher,
-    or a one-node Ray cluster); on a multi-node cluster Ray places it elsewhere.
+    or a one-node Ray cluster); on a multi-node cluster Ray places it elsewhere. A hub model's
+    free-disk check ran on each server node before its fetch moved a byte (harness/fetch.py):
+    `weights` is that fetch; what each node found is recorded, and its refusal (too little disk,
+    offline with nothing cached, ...) fails the preflight.
     """
     report = PreflightReport(deployment=deployment, host_ram_gib=host_ram_gib(), gpus_needed=gpus_needed)
+    if weights is not None:
+        report.weights = str(weights.need.ref)
+        report.weights_disk = [WeightsDiskCheck(n.node_id, n.hostname, n.needed_bytes, n.free_bytes,
+                                                n.bytes_transferred, str(n.local_path)) for n in weights.nodes]
+        if weights.problem:
+            report.problems.append(f"weights: {weights.problem}")
     if profile.engine == "vllm" and server_on_this_host:
         pinned = pinned_memory(profile)
         report.pinned_pools_gib = pinned.per_node_gib

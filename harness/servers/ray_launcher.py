@@ -58,6 +58,7 @@ class ActorServerInfo:
     node_id: str
     node_ip: str
     cuda_visible_devices: str | None
+    model_path: str | None = None  # the fetched model on this node, where the argv needed one
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,11 @@ class ServerActor:
 
     def launch(self) -> ActorServerInfo | StartFailure:
         node_ip = ray.util.get_node_ip_address()
+        node_id = ray.get_runtime_context().get_node_id()
+        try:
+            self._spec = self._spec.on_node(node_id)  # the model's path as the fetch left it on this node
+        except ServerStartError as exc:
+            return StartFailure(exc.reason, [])
         bind_host = self._spec.host
         connect_host = node_ip if bind_host in _WILDCARD_HOSTS else bind_host
         port = self._spec.port or pick_free_port(bind_host or "0.0.0.0")
@@ -99,9 +105,9 @@ class ServerActor:
             return StartFailure(exc.reason, exc.log_tail)
         self._server.host = connect_host  # readiness and the port check go where the harness connects
         return ActorServerInfo(host=connect_host, port=port, pid=self._server.pid,
-                               start_ticks=self._server.start_ticks,
-                               node_id=ray.get_runtime_context().get_node_id(), node_ip=node_ip,
-                               cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+                               start_ticks=self._server.start_ticks, node_id=node_id, node_ip=node_ip,
+                               cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                               model_path=self._spec.model_paths.get(node_id))
 
     def wait_ready(self) -> StartFailure | None:
         try:
@@ -137,6 +143,7 @@ class RayServerHandle(ServerHandle):
         self.node_id = info.node_id
         self.log_path = Path(spec.log_path)
         self.cuda_visible_devices = info.cuda_visible_devices
+        self.model_path = info.model_path
         self.api_key = spec.api_key
 
     def healthy(self, timeout_s: float = 5) -> bool:

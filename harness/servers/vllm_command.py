@@ -30,9 +30,9 @@ class ServerCommand:
     env: dict[str, str] = field(default_factory=dict)
     dialect: ResolvedDialect | None = None  # None where the dialect does not matter (sim, no HiSparse)
 
-    def shell_line(self, port: int | None = None, host: str | None = None) -> str:
+    def shell_line(self, port: int | None = None, host: str | None = None, model: str | None = None) -> str:
         """One line a person can paste into a shell (placeholders filled where known), secrets masked."""
-        argv = redact_argv(fill_placeholders(self.argv, host=host, port=port))
+        argv = redact_argv(fill_placeholders(self.argv, host=host, port=port, model=model))
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(self.env).items()))
         return (env + " " if env else "") + shlex.join(argv)
 
