@@ -42,13 +42,8 @@ exec {python} -m harness serve-sim --launch {sim} --host "$host" --port "$port"
 """
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """Two Ray nodes, one fake GPU each, each with its own weights cache root; the test's folder."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    tmp = tmp_path_factory.mktemp("two-nodes")
+def seed_and_stub(tmp: Path) -> dict[str, str]:
+    """Seeds in both libraries' layouts, the stand-in `vllm`; the environment every node gets."""
     make_hf_cache(tmp / "seed" / "huggingface", "org/tiny", tiny_model_files())
     make_ms_cache(tmp / "seed" / "modelscope", "org/tiny", tiny_model_files(), revision="v1.0")
     (tmp / "bin").mkdir()
@@ -56,8 +51,18 @@ def cluster(tmp_path_factory):
     stub = tmp / "bin" / "vllm"
     stub.write_text(STUB.format(python=sys.executable, sim=tmp / "sim.yaml"))
     stub.chmod(0o755)
-    path = f"{tmp / 'bin'}:{os.environ['PATH']}"
-    common = {"HF_HUB_OFFLINE": "1", "MODELSCOPE_OFFLINE": "1", SEED_CACHE_ENV: str(tmp / "seed"), "PATH": path}
+    return {"HF_HUB_OFFLINE": "1", "MODELSCOPE_OFFLINE": "1", SEED_CACHE_ENV: str(tmp / "seed"),
+            "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """Two Ray nodes, one fake GPU each, each with its own weights cache root; the test's folder."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    tmp = tmp_path_factory.mktemp("two-nodes")
+    common = seed_and_stub(tmp)
     node_args = {"num_cpus": 1, "num_gpus": 1, "object_store_memory": 80 * 1024**2}
     os.environ["RAY_AUTH_MODE"] = "disabled"
     head = Cluster(initialize_head=True, head_node_args={
@@ -173,3 +178,19 @@ def test_sweep_servers_start_from_their_nodes_copy(cluster):
         assert point["status"] == "ok", point["reason"]
         nodes_used.add(record["node"])
     assert len(nodes_used) == 2  # one arm per node, each from that node's cache
+
+
+@pytest.mark.timeout(600)
+def test_local_launcher_fetches_here_and_starts_from_this_machines_copy(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **seed_and_stub(tmp_path),
+           CACHE_ROOT_ENV: str(tmp_path / "here")}
+    sweep = write_sweep(tmp_path)
+    first = harness(env, "fetch", str(sweep), "--launcher", "local")
+    assert first.returncode == 0 and first.stdout.count(" moved, ") == 2, first.stdout + first.stderr
+    done = harness(env, "sweep", str(sweep), "--launcher", "local", "--run-id", "l1", "--results-dir",
+                   str(tmp_path / "results"), "--no-report", timeout_s=500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("nothing to transfer") == 2  # the fetch above left nothing to do
+    for dep, hub in (("arm-hf", "hf"), ("arm-ms", "ms")):
+        command = (tmp_path / "results/l1/deployments" / dep / "command.txt").read_text()
+        assert command.startswith(f"vllm serve {snapshot(tmp_path / 'here', hub)} "), command
