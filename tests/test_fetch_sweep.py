@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_hub import COMMIT, make_hf_cache, make_ms_cache, tiny_model_files
+from test_hub import COMMIT, make_hf_cache, make_ms_cache, tiny_model_files, tokenizer_files
 
 from harness.fetch import CACHE_ROOT_ENV, SEED_CACHE_ENV, folder_bytes
 
@@ -79,7 +79,7 @@ def cluster(tmp_path_factory):
         head.shutdown()
 
 
-def write_sweep(tmp: Path) -> Path:
+def write_sweep(tmp: Path, tokenizer: str = f"{ROOT}/harness/data/tokenizers/harness-bpe") -> Path:
     for name, model in MODELS.items():
         (tmp / f"{name}.yaml").write_text(f"""
 engine: vllm
@@ -91,7 +91,7 @@ serve: {{model: "{model}", served_model_name: tiny}}
     (tmp / "recipe.yaml").write_text(f"""
 name: tiny-fetch
 source: {{kind: sample, path: {ROOT}/harness/data/samples/openhands-sample.jsonl}}
-tokenizer: {ROOT}/harness/data/tokenizers/harness-bpe
+tokenizer: {tokenizer}
 first_turn_length: 300
 subsequent_turn_length: 40
 num_turns: 2
@@ -182,9 +182,11 @@ def test_sweep_servers_start_from_their_nodes_copy(cluster):
 
 @pytest.mark.timeout(600)
 def test_local_launcher_fetches_here_and_starts_from_this_machines_copy(tmp_path):
-    env = {**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **seed_and_stub(tmp_path),
-           CACHE_ROOT_ENV: str(tmp_path / "here")}
-    sweep = write_sweep(tmp_path)
+    # the dataset's tokenizer from a hub too: its revision lands in the run's provenance and report
+    make_hf_cache(tmp_path / "hf-cache", "org/tok", tokenizer_files())
+    env = {**{k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "HF_HOME")},
+           **seed_and_stub(tmp_path), CACHE_ROOT_ENV: str(tmp_path / "here"), "HF_HUB_CACHE": str(tmp_path / "hf-cache")}
+    sweep = write_sweep(tmp_path, tokenizer=f"hf://org/tok@{COMMIT}")
     first = harness(env, "fetch", str(sweep), "--launcher", "local")
     assert first.returncode == 0 and first.stdout.count(" moved, ") == 2, first.stdout + first.stderr
     done = harness(env, "sweep", str(sweep), "--launcher", "local", "--run-id", "l1", "--results-dir",
@@ -194,3 +196,11 @@ def test_local_launcher_fetches_here_and_starts_from_this_machines_copy(tmp_path
     for dep, hub in (("arm-hf", "hf"), ("arm-ms", "ms")):
         command = (tmp_path / "results/l1/deployments" / dep / "command.txt").read_text()
         assert command.startswith(f"vllm serve {snapshot(tmp_path / 'here', hub)} "), command
+    manifest = json.loads((tmp_path / "results/l1/manifest.json").read_text())
+    assert manifest["provenance"]["hub_inputs"]["tokenizer"] == {
+        "hub": "huggingface", "id": "org/tok", "repo_type": "model", "revision": COMMIT, "revision_sha": COMMIT,
+        "revision_is_commit": True}
+    report = harness(env, "report", str(tmp_path / "results/l1"))
+    assert report.returncode == 0, report.stderr
+    text = (tmp_path / "results/l1/report.md").read_text()
+    assert f"| hub_inputs.tokenizer.revision_sha | {COMMIT} |" in text and '"revision_sha": "0123' in text
