@@ -3,7 +3,8 @@
 `sweep` does the same before it starts any server; run this ahead of time (hours for 700 GiB) so the
 sweep finds them there. Where the weights go and where they come from is read on each node, as the
 sweep reads it: $HISPARSE_WEIGHTS_CACHE (default ~/.cache/hisparse-harness/weights), HF_HUB_OFFLINE /
-MODELSCOPE_OFFLINE, and $HISPARSE_WEIGHTS_SEED (a cache in the hub library's layout to copy from).
+MODELSCOPE_OFFLINE, and $HISPARSE_WEIGHTS_SEED (a weights cache root to copy from, e.g. on a shared
+filesystem, for nodes without hub access).
 """
 
 from __future__ import annotations
