@@ -30,6 +30,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("fetch", "fetch", "put a profile's or sweep's model weights on every node that will run a server"),
     ("history", "history", "the nightly history: add a run as a night, list nights, show a night's gate report"),
     ("dashboard", "dashboard", "write the static nightly dashboard of a history (works offline)"),
+    ("nightly", "nightly", "one nightly night: build, sweep, history, gate, reports, dashboard; exit 0/1/2"),
 ]
 
 
