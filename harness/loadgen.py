@@ -21,8 +21,9 @@ from urllib.parse import urlsplit
 from harness.builds.client import client_env_dir, client_program, planned_version, read_client_marker
 from harness.config import ClientSettings
 from harness.io import compact_json, die_with_parent, package_version
+from harness.metrics.evalscope_requests import DB_NAME, read_requests
 from harness.metrics.evalscope_summary import parse_summary
-from harness.records import EvalScopeSummary
+from harness.records import ClientRequests, EvalScopeSummary
 from harness.redact import scrub_text_files
 from harness.servers.reaper import track_client
 
@@ -271,3 +272,7 @@ class LoadGenerator:
         if not path.exists():
             return None
         return parse_summary(path)
+
+    def read_requests(self, run_summary_dir: Path) -> ClientRequests | None:
+        """The run's per-request rows, summarised; None where it wrote no database."""
+        return read_requests(run_summary_dir / DB_NAME)

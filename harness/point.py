@@ -76,6 +76,10 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     run_summary = summary_dir(outputs_dir, point.evalscope_name, point.parallel, point.number)
     summary, reason = _summary_or_reason(run, run_summary, handle, load_generator, stop)
     record.summary = summary
+    try:  # the per-request rows explain the client's numbers; an unreadable database costs only them
+        record.requests = load_generator.read_requests(run_summary)
+    except HarnessError as exc:
+        record.warnings.append(f"per-request output unreadable: {exc}")
     if reason is not None:
         record.status, record.reason = "failed", reason
         record.server_log_tail = handle.log_tail(50)

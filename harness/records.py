@@ -42,6 +42,20 @@ class EvalScopeSummary(Record):
     key_set: Literal["<=1.9", ">=1.10"] | None = None
 
 
+class ClientRequests(Record):
+    """EvalScope's per-request output (benchmark_data.db), summarised (harness/metrics/evalscope_requests.py)."""
+
+    requests: int = 0
+    succeeded: int = 0
+    db_schema: str | None = None  # "1.7" (the blog's release) or "1.14" (request_id, is_stream added)
+    mean_prompt_tokens: float | None = None
+    mean_completion_tokens: float | None = None
+    mean_decode_span_ms: float | None = None  # latency - first chunk, replies of more than one token
+    tpot_ms: float | None = None  # EvalScope's definition, recomputed from the rows, unrounded
+    burst_replies: int = 0  # replies whose decode span was under 5 ms: they arrived in one read
+    max_chunk_gap_ms: float | None = None
+
+
 class PointMetrics(Record):
     """Per-point metrics (docs/metrics.md). None means the server did not expose it."""
 
@@ -67,6 +81,7 @@ class PointMetrics(Record):
     hisparse_h2d_bytes_per_s: float | None = None
     hisparse_host_usage_max: float | None = None
     prefix_cache_hit_rate: float | None = None
+    server_prompt_tokens: float | None = None  # d(vllm:prompt_tokens_total): re-sent history included
     server_tpot_ms: float | None = None
     tpot_rel_diff: float | None = Field(default=None, description="(server - client) / client TPOT")
     tpot_disagrees: bool | None = Field(default=None, description="|tpot_rel_diff| > 0.10")
@@ -109,6 +124,7 @@ class PointRecord(Record):
     gpus_per_server: int
     warnings: list[str] = Field(default_factory=list)  # what makes the numbers doubtful though the point ran
     summary: EvalScopeSummary | None = None
+    requests: ClientRequests | None = None  # EvalScope's per-request rows, summarised
     metrics: PointMetrics | None = None
 
     @property

@@ -85,6 +85,8 @@ COLUMNS: tuple[Column, ...] = (
        "metrics"),
     _c("hisparse_host_usage_max", "float", "fraction", "largest HiSparse host pool usage sample (0..1)",
        "metrics"),
+    _c("server_prompt_tokens", "float", "tokens", "d(vllm:prompt_tokens_total) over the point: re-sent history "
+       "included", "metrics"),
     _c("prefix_cache_hit_rate", "float", "fraction", "d(prefix cache hits) / d(prefix cache queries)", "metrics"),
     _c("server_tpot_ms", "float", "ms", "server TPOT: d(sum) / d(count) of "
        "vllm:request_time_per_output_token_seconds", "metrics"),

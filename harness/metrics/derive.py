@@ -43,8 +43,8 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 SERVER_TPOT = "vllm:request_time_per_output_token_seconds"
 # Counters every vLLM exposes: a restart shows in them even when no derived metric reads them.
-RESET_WITNESSES = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-                   "vllm:request_success_total")
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+RESET_WITNESSES = (PROMPT_TOKENS, "vllm:generation_tokens_total", "vllm:request_success_total")
 
 LabelKey = tuple[tuple[str, str], ...]
 
@@ -196,6 +196,7 @@ def _counter_metrics(snapshots: list[Snapshot], window_s: float | None) -> tuple
         "hisparse_h2d_bytes": _value(d[HISPARSE_H2D_BYTES]),
         "hisparse_h2d_bytes_per_s": _ratio(_value(d[HISPARSE_H2D_BYTES]), seconds),
         "prefix_cache_hit_rate": _ratio(_value(d[PREFIX_HITS]), _value(d[PREFIX_QUERIES])),
+        "server_prompt_tokens": _value(d[PROMPT_TOKENS]),
         "server_tpot_ms": None if server_tpot_s is None else 1000.0 * server_tpot_s,
         # the engine's own decode rate per user: the figure to put beside the headline when the
         # client's stream arrived late and in bursts (tpot_client_low)

@@ -37,6 +37,7 @@ FILLER_TEXT = (" The patch updates the parser, adds a regression test and keeps 
 class _Stream:
     queue: asyncio.Queue
     sent_tokens: int = 0
+    output_tokens: int = 0  # the reply's length, decided when the request arrives
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
@@ -158,7 +159,7 @@ class SimServer:
         ignore_eos = bool(body.get("ignore_eos", False))
         output = max_tokens if ignore_eos else self.rng.randint(max(1, max_tokens // 2), max_tokens)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = _Stream(asyncio.Queue())
+        stream = _Stream(asyncio.Queue(), output_tokens=output)
         self.streams[rid] = stream
         try:
             self.engine.add_request(SimRequest(rid, shape.tokens, shape.block_hashes, max_tokens, output),
@@ -179,6 +180,22 @@ class SimServer:
     def _text(self, start: int, n: int) -> str:
         return "".join(self.filler[(start + i) % len(self.filler)] for i in range(n))
 
+    def _reasoning_tokens(self, output_tokens: int) -> int:
+        """With a reasoning parser (serve.reasoning_parser, as the blog's glm45) the first half of a reply is
+        reasoning, streamed as `delta.reasoning` the way vLLM's parser separates it; none without one."""
+        return output_tokens // 2 if self.profile.serve.reasoning_parser else 0
+
+    def _delta(self, start: int, n: int, output_tokens: int) -> dict[str, str]:
+        """The delta for tokens [start, start + n): reasoning first, then content."""
+        split = self._reasoning_tokens(output_tokens)
+        delta: dict[str, str] = {}
+        if start < split:
+            delta["reasoning"] = self._text(start, min(n, split - start))
+        if start + n > split:
+            first = max(start, split)
+            delta["content"] = self._text(first, start + n - first)
+        return delta
+
     def _usage(self, done: FinishedRequest) -> dict[str, Any]:
         return {"prompt_tokens": done.prompt_tokens, "total_tokens": done.prompt_tokens + done.output_tokens,
                 "completion_tokens": done.output_tokens, "prompt_tokens_details": None}
@@ -191,7 +208,9 @@ class SimServer:
             if done is not None:
                 break
         self._count_completion()
-        message = {"role": "assistant", "content": self._text(0, done.output_tokens), "tool_calls": []}
+        message: dict[str, Any] = {"role": "assistant", **self._delta(0, done.output_tokens, done.output_tokens),
+                                   "tool_calls": []}
+        message.setdefault("content", "")
         return web.json_response({
             "id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": done.finish_reason,
@@ -227,7 +246,7 @@ class SimServer:
                 stalled = True
                 self.log(f"sim: stalling {rid} for {self.faults.stall_s} s (sim.faults.stall_after_tokens)")
                 await asyncio.sleep(self.faults.stall_s)
-            delta = {"content": self._text(stream.sent_tokens, value)} if value else {}
+            delta = self._delta(stream.sent_tokens, value, stream.output_tokens) if value else {}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
                                       "finish_reason": done.finish_reason if done else None}
             if done is not None:
