@@ -51,3 +51,14 @@ def test_the_blogs_client_drops_the_reasoning_history_that_1_14_re_sends(tmp_pat
     extra = new.metrics.server_prompt_tokens - blog.metrics.server_prompt_tokens
     assert 4 * MAX_TOKENS // 2 * 0.5 <= extra <= 4 * MAX_TOKENS // 2 * 2, extra
     assert new.requests.mean_prompt_tokens > blog.requests.mean_prompt_tokens
+
+
+def test_build_accepts_a_sweep_and_makes_its_pinned_client(tmp_path):
+    ensure_client("1.7.0")
+    sweep = write_sweep(tmp_path, {"glm": ""}, [(1, 1)])
+    sweep.write_text(sweep.read_text().replace("client:\n", 'client:\n  evalscope: "1.7.0"\n', 1))
+    done = subprocess.run([sys.executable, "-m", "harness", "build", str(sweep)], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "client: EvalScope 1.7.0 (reused, " in done.stdout
+    assert "engine sim runs in the harness itself; nothing to build" in done.stdout

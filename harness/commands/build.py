@@ -1,26 +1,66 @@
-"""`harness build LAUNCH.yaml`: create (once) and check the server environment a profile names."""
+"""`harness build LAUNCH.yaml | SWEEP.yaml`: create (once) and check the server environment a profile names;
+for a sweep, the pinned EvalScope its client names and every vLLM arm's environment."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+import yaml
+
+from harness.builds.client import ensure_client
 from harness.builds.envs import expected_python
 from harness.builds.prepare import prepare_build
 from harness.commands.common import add_dialect, progress
-from harness.config import load_launch
+from harness.config import load_launch, load_sweep
+from harness.io import display_path, package_version
 from harness.plan import resolve_dialect
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("launch", help="launch profile, e.g. launch/tiny-cpu.yaml")
+    parser.add_argument("launch", help="launch profile (launch/tiny-cpu.yaml) or sweep file (sweeps/tp8.yaml)")
+    parser.add_argument("--clients-dir", type=Path, default=None,
+                        help="where pinned EvalScope clients live (default ~/.cache/hisparse-harness/clients)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="where environments live (default ~/.cache/hisparse-harness/envs)")
     add_dialect(parser, "check the build against")
     parser.set_defaults(run=run)
 
 
+def _is_sweep(path: Path) -> bool:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return False  # load_launch says what is wrong with it
+    return isinstance(data, dict) and "deployments" in data
+
+
+def _build_sweep(args: argparse.Namespace) -> int:
+    """The sweep's pinned client (built here: EvalScope runs beside the harness) and every vLLM arm."""
+    loaded = load_sweep(args.launch)
+    spec = loaded.sweep.client.evalscope
+    if spec is None:
+        print(f"client: the harness's own EvalScope {package_version('evalscope') or '?'}; nothing to build")
+    else:
+        client = ensure_client(spec, args.clients_dir, progress)
+        print(f"client: EvalScope {client.evalscope_version} ({'built now' if client.created else 'reused'}, "
+              f"{client.env_dir})")
+    done: set[Path] = set()
+    for dep in loaded.sweep.deployments:
+        launch = loaded.launches[dep.name]
+        if launch.path in done:
+            continue
+        done.add(launch.path)
+        print(f"\n{dep.name} ({display_path(launch.path)}):")
+        code = run(argparse.Namespace(**{**vars(args), "launch": launch.path}))
+        if code:
+            return code
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if _is_sweep(args.launch):
+        return _build_sweep(args)
     loaded = load_launch(args.launch)
     profile = loaded.profile
     if profile.engine != "vllm":
