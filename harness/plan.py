@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.builds.envs import env_dir_for, expected_python
+from harness.builds.envs import env_dir_for, expected_python, planned_kernel
+from harness.builds.kernels import KernelIdentity
 from harness.calc import sizing_for_launch, sizing_warnings
 from harness.config import ConfigError, LoadedLaunch, LoadedSweep
 from harness.config.hubref import HubRef
@@ -65,6 +66,7 @@ class BuildPlan:
     python: str | None  # the interpreter the server command runs under (None: `vllm` on PATH)
     env_dir: Path | None
     kernels: str  # vllm | bundled
+    kernel: KernelIdentity | None = None  # kernels: bundled: the module as the source tree is now
 
 
 @dataclass(frozen=True)
@@ -203,7 +205,8 @@ def resolve_build(loaded: LoadedLaunch, envs_dir: Path | None = None) -> BuildPl
         return None
     spec = profile.build
     return BuildPlan(spec=spec.vllm, kind=spec.kind, python=expected_python(spec, envs_dir),
-                     env_dir=None if spec.kind == "system" else env_dir_for(spec, envs_dir), kernels=spec.kernels)
+                     env_dir=None if spec.kind == "system" else env_dir_for(spec, envs_dir), kernels=spec.kernels,
+                     kernel=planned_kernel(spec))
 
 
 def _sizing(loaded: LoadedSweep, deployment: str) -> Sizing | None:

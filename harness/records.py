@@ -210,6 +210,7 @@ class KernelRecord(Record):
     source_sha256: str | None = None
     built_for: str | None = None  # cpu | cuda
     cuda_arch: str | None = None
+    overlay_dir: str | None = None  # the cached overlay the server had on PYTHONPATH
 
 
 class BuildRecord(Record):

@@ -128,6 +128,9 @@ class _Run:
         self._shifted = 0  # conversations taken by retries that shifted (retry_cache: shift)
         self.interrupted = False
         self.weights: dict[str, WeightsOutcome] = {}  # by deployment: its hub model, fetched onto the nodes
+        # by deployment: what a build made here adds to its server's environment (the local launcher;
+        # under Ray the node's own preparation returns it)
+        self.server_env: dict[str, dict[str, str]] = {}
         self._lock = threading.Lock()
 
     def record_point(self, record: PointRecord) -> None:
@@ -196,6 +199,7 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     launcher = launcher or make_launcher(options)
     run = _Run(plan, recorder, outcome, dataset, launcher, load_generator or LoadGenerator(options.pid_dir),
                options, progress)
+    run.server_env = {name: prepared.server_env for name, prepared in builds.items()}
     try:
         with stop_servers_on_signal(launcher):
             # hub models onto every node that can run their servers, before any server starts; a failed
@@ -279,7 +283,8 @@ def _server_spec(run: _Run, dep: DeploymentPlan) -> ServerSpec:
     prepare = None
     if dep.build is not None and run.options.launcher == "ray":  # the build is made on the server's node
         prepare = partial(prepare_on_node, profile, dep.dialect, dep.build.python, run.options.envs_dir)
-    return ServerSpec(name=dep.name, argv=list(dep.command.argv), env=dict(dep.command.env), host=profile.host,
+    env = {**dep.command.env, **run.server_env.get(dep.name, {})}  # e.g. the bundled kernels' overlay
+    return ServerSpec(name=dep.name, argv=list(dep.command.argv), env=env, host=profile.host,
                       port=profile.port or 0, log_path=run.recorder.paths.server_log(dep.name),
                       ready_timeout_s=dep.ready_timeout_s, gpus=dep.reserve_gpus,
                       served_model_name=dep.served_model_name, api_key=dep.api_key, pid_dir=run.options.pid_dir,

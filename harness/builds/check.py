@@ -1,12 +1,17 @@
 """The build check: whether a made environment can run a profile, decided before any server starts.
 
 HiSparse needs a CUDA build of vLLM >= 0.30 or the blog branch, its compiled ops (or the bundled
-kernel module) and the dialect the plan resolved for it; the rules are harness/support.py's.
+kernel module) and the dialect the plan resolved for it; the rules are harness/support.py's. With
+`kernels: bundled` the check also proves, in the build's interpreter, that vLLM's
+`torch.ops._C_cache_ops.hisparse_*` run the bundled module: by its call counters and the identity
+it reports, not by what is installed.
 """
 
 from __future__ import annotations
 
 from harness.builds.envs import BuildEnv
+from harness.builds.kernel_proofs import DispatchProof, probe_dispatch
+from harness.builds.kernels import KernelOverlay
 from harness.builds.probe import BuildError, BuildProbe, probe_build
 from harness.config import LaunchProfile
 from harness.support import ResolvedDialect, hisparse_refusal
@@ -31,3 +36,23 @@ def check_build(profile: LaunchProfile, env: BuildEnv, dialect: ResolvedDialect 
         if reason is not None:
             raise BuildError(reason)
     return probe
+
+
+def check_bundled_kernels(env: BuildEnv, overlay: KernelOverlay, server_env: dict[str, str]) -> DispatchProof:
+    """Start the build's Python with the server's environment, load vLLM's plugins as a worker does,
+    call the four ops through _C_cache_ops and read the bundled call counters; BuildError (one line)
+    unless every call reached the overlay's kernels (also on CUDA, for a CUDA build)."""
+    assert env.python is not None  # prepare refuses bundled kernels without an interpreter
+    proof = probe_dispatch(env.python, overlay.path, server_env)
+    problem = None if proof.ok else proof.why_not()
+    if problem is None and proof.identity != overlay.identity:
+        problem = (f"the process loaded {proof.identity.describe() if proof.identity else 'no module'}, not the "
+                   f"overlay's {overlay.identity.describe()}")
+    if problem is None and overlay.identity.built_for == "cuda":
+        missed = [op for op, hit in proof.reached_cuda.items() if not hit]
+        if not proof.reached_cuda or missed:
+            problem = ("calls on CUDA tensors did not reach the bundled CUDA kernels: "
+                       + (", ".join(missed) or "no CUDA device was usable"))
+    if problem is not None:
+        raise BuildError(f"build {env.spec}: bundled kernels not proven in {env.python}: {problem}")
+    return proof

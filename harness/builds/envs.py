@@ -7,6 +7,12 @@
   command recorded; it needs nvcc and an NVIDIA GPU, and says what it would do where they lack.
 - `system`: the `vllm` already installed (on PATH, or importable by this interpreter).
 
+With `kernels: bundled` a git build puts the bundled HiSparse kernel source in place of vLLM's
+before compiling (and its environment key includes that source's hash); every build then gets
+the module's overlay in builds/prepare.py. A CUDA build with bundled kernels is refused on a
+machine without a GPU, after listing what it would run: its check must show the bundled CUDA
+kernels being reached, which only a GPU can.
+
 Whether a made environment can run a profile is builds/check.py's question; this module only
 makes environments and finds them.
 """
@@ -26,6 +32,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.builds.kernels import (
+    KernelIdentity,
+    dropin_recipe_step,
+    overlay_preview_steps,
+    planned_identity,
+    source_hash,
+)
 from harness.builds.probe import BuildError, probe_build
 from harness.config import BuildSpec, LaunchProfile
 
@@ -93,6 +106,8 @@ def env_key(spec: BuildSpec) -> str:
                       "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
     if spec.kind == "git":
         material |= {"cuda_arch": spec.cuda_arch or DEFAULT_CUDA_ARCH, "build_command": spec.build_command}
+        if spec.kernels == "bundled":  # the kernel source is compiled into vLLM itself
+            material |= {"kernels": "bundled", "kernel_sha256": source_hash()}
     return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -129,6 +144,11 @@ def recipe_steps(spec: BuildSpec, env_dir: Path) -> list[BuildStep]:
         BuildStep(["git", "clone", f"https://github.com/{spec.git_repo}.git", str(src)],
                   f"clone {spec.git_repo}"),
         BuildStep(["git", "-C", str(src), "checkout", spec.git_ref or "HEAD"], f"check out {spec.git_ref}"),
+    ]
+    if spec.kernels == "bundled":
+        dropin = dropin_recipe_step(python, src)
+        steps.append(BuildStep(dropin.argv, dropin.why))
+    steps += [
         BuildStep(["bash", "-c", git_build_command(spec)], f"build with TORCH_CUDA_ARCH_LIST={arch}", cwd=src,
                   env={"TORCH_CUDA_ARCH_LIST": arch, "VIRTUAL_ENV": str(env_dir),
                        "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}),
@@ -152,14 +172,59 @@ def _cuda_toolchain() -> tuple[str | None, bool]:
     return nvcc, has_gpu
 
 
-def _refuse_git_here(spec: BuildSpec, final: Path) -> None:
+def builds_cuda(spec: BuildSpec) -> bool:
+    """A build of CUDA vLLM (PyPI `vllm`, or from source); `system` is whatever its torch is."""
+    return spec.kind in ("pypi", "git") and spec.package == "vllm"
+
+
+def planned_kernel(spec: BuildSpec) -> KernelIdentity | None:
+    """The bundled module a build will carry, read from the source tree now (nothing is built)."""
+    if spec.kernels != "bundled":
+        return None
+    if spec.kind == "system":
+        return planned_identity("cpu or cuda (as the system torch)", None)
+    if builds_cuda(spec):
+        return planned_identity("cuda", spec.cuda_arch or DEFAULT_CUDA_ARCH)
+    return planned_identity("cpu", None)
+
+
+def kernel_preview(python: str, cuda_arch: str | None, cache_root: Path | None) -> list[BuildStep]:
+    """The bundled kernels' overlay build and dispatch proof, as build steps to list."""
+    return [BuildStep(s.argv, s.why, env=s.env) for s in overlay_preview_steps(python, cuda_arch, cache_root)]
+
+
+def refuse_without_gpu(what: str, why: str, steps: list[BuildStep], progress: Progress, *,
+                       needs_nvcc: bool) -> None:
+    """Where this machine lacks a GPU (or nvcc), list the steps a GPU node would run, then refuse
+    in one line saying why."""
     nvcc, has_gpu = _cuda_toolchain()
-    if nvcc and has_gpu:
+    lacking = " and ".join(x for x, ok in (("nvcc", bool(nvcc) or not needs_nvcc), ("an NVIDIA GPU", has_gpu))
+                           if not ok)
+    if not lacking:
         return
-    lacking = " and ".join(x for x, ok in (("nvcc", bool(nvcc)), ("an NVIDIA GPU", has_gpu)) if not ok)
-    plan = "; ".join(s.shell_line() for s in recipe_steps(spec, final)[1:])
-    raise BuildError(f"build {spec.vllm} compiles vLLM's CUDA kernels and needs {lacking}, which this machine "
-                     f"lacks; on a GPU node it would run: {plan}")
+    for i, step in enumerate(steps, 1):
+        progress(f"would run [{i}/{len(steps)}] {step.why}: {step.shell_line()}")
+    plan = "; ".join(s.shell_line() for s in steps)
+    raise BuildError(f"{what} needs {lacking}, which this machine lacks: {why}; on a GPU node it would run the "
+                     f"{len(steps)} steps above: {plan}")
+
+
+def _refuse_cuda_here(spec: BuildSpec, final: Path, progress: Progress, *, built: bool,
+                      cache_dir: Path | None) -> None:
+    """A git build compiles CUDA; a CUDA build with bundled kernels must show them reached on a GPU."""
+    steps = [] if built else recipe_steps(spec, final)
+    bundled = spec.kernels == "bundled"
+    if bundled:
+        steps += kernel_preview(str(_venv_python(final)), spec.cuda_arch or DEFAULT_CUDA_ARCH, cache_dir)
+    if spec.kind == "git":
+        what = f"build {spec.vllm}" + (" with kernels: bundled" if bundled else "")
+        why = "it compiles vLLM's CUDA kernels" + (" with the bundled HiSparse kernels in place of vLLM's"
+                                                     if bundled else "")
+    else:
+        what = f"build {spec.vllm} with kernels: bundled"
+        why = ("its check must show torch.ops._C_cache_ops.hisparse_* reaching the bundled CUDA kernels, and a "
+               "CUDA vLLM cannot serve without a GPU")
+    refuse_without_gpu(what, why, steps, progress, needs_nvcc=spec.kind == "git" or bundled)
 
 
 def _run_step(step: BuildStep, log_path: Path, progress: Progress, label: str) -> None:
@@ -305,10 +370,12 @@ def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress
     envs_dir = (cache_dir or DEFAULT_ENVS_DIR).expanduser()
     final = env_dir_for(spec, envs_dir)
     found = read_marker(final)
+    if spec.kernels == "bundled" and builds_cuda(spec):  # even where the vLLM itself is built already
+        _refuse_cuda_here(spec, final, progress, built=found is not None, cache_dir=cache_dir)
     if found is not None:
         return found
     if spec.kind == "git":
-        _refuse_git_here(spec, final)
+        _refuse_cuda_here(spec, final, progress, built=False, cache_dir=cache_dir)
     envs_dir.mkdir(parents=True, exist_ok=True)
     # one builder per environment: a second harness waits here, then finds the first one's result
     with open(envs_dir / f".{final.name}.lock", "w") as lock:

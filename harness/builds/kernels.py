@@ -1,4 +1,4 @@
-"""The bundled HiSparse kernel module (kernels/hisparse): identity, builds, proofs.
+"""The bundled HiSparse kernel module (kernels/hisparse): identity, builds, overlays (proofs: kernel_proofs).
 
 The module is built with a given interpreter (an environment that has torch) into an
 *overlay* folder: `pip install --target <overlay>`; a server started with
@@ -20,8 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -42,6 +42,10 @@ HEARTBEAT_S = 30.0
 HASHED_FILES = ("pyproject.toml", "setup.py")
 HASHED_DIRS = ("csrc", "hisparse_kernels")
 SKIPPED_SUFFIXES = (".pyc", ".pyo", ".so", ".o")
+PLUGIN_NAME = "hisparse_bundled"  # the module's vllm.general_plugins entry point
+# Set in servers started with bundled kernels: every vLLM process then logs a dispatch check line.
+DISPATCH_CHECK_ENV = "HISPARSE_DISPATCH_CHECK"
+DISPATCH_LINE = re.compile(r"hisparse_bundled: dispatch check in pid (\d+): (\d+)/(\d+) ops")
 OP_NAMES = ("hisparse_resolve_residency", "hisparse_invalidate_written_slots", "hisparse_gather_plan",
             "hisparse_gather_compact")
 
@@ -67,6 +71,10 @@ class KernelIdentity:
     def from_dict(raw: dict) -> KernelIdentity:
         return KernelIdentity(raw["version"], raw["source_sha256"], raw["built_for"], raw.get("cuda_arch"))
 
+    def describe(self) -> str:
+        arch = f" sm {self.cuda_arch}" if self.cuda_arch else ""
+        return f"hisparse_kernels {self.version} (sha256 {self.source_sha256[:12]}, {self.built_for}{arch})"
+
 
 @dataclass(frozen=True)
 class KernelOverlay:
@@ -74,41 +82,6 @@ class KernelOverlay:
     identity: KernelIdentity
     created: bool  # this call built it
     build_s: float  # time of the build that made it
-
-
-@dataclass(frozen=True)
-class DispatchProof:
-    vllm_version: str | None
-    identity: KernelIdentity | None  # what the process loaded
-    reached: dict[str, bool]  # op -> its _C_cache_ops call ran bundled code
-    log_line: str | None  # the module's identity line, as logged
-    error: str | None = None
-    op_errors: dict[str, str] = field(default_factory=dict)
-    reached_cuda: dict[str, bool] = field(default_factory=dict)  # CUDA builds on a GPU only
-
-    @property
-    def ok(self) -> bool:
-        return (self.error is None and self.identity is not None and self.log_line is not None
-                and set(self.reached) == set(OP_NAMES) and all(self.reached.values()))
-
-    def why_not(self) -> str:
-        if self.ok:
-            return "all four ops reached the bundled kernels"
-        if self.error:
-            return self.error
-        missed = [f"{op} ({self.op_errors.get(op) or 'not counted'})" for op, hit in self.reached.items() if not hit]
-        if missed:
-            return "calls through _C_cache_ops did not reach the bundled kernels: " + "; ".join(missed)
-        return "no identity line was logged" if self.log_line is None else "no identity reported"
-
-
-@dataclass(frozen=True)
-class NvccCheck:
-    ok: bool
-    nvcc: str
-    seconds: float
-    commands: list[str]
-    log: str
 
 
 def require_source_dir(source_dir: Path | None = None) -> Path:
@@ -131,6 +104,11 @@ def source_hash(source_dir: Path | None = None) -> str:
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
+
+
+def planned_identity(built_for: str, cuda_arch: str | None, source_dir: Path | None = None) -> KernelIdentity:
+    """What a build from the source tree as it is now would report (nothing is built)."""
+    return KernelIdentity(module_version(source_dir), source_hash(source_dir), built_for, cuda_arch)
 
 
 def module_version(source_dir: Path | None = None) -> str:
@@ -186,6 +164,48 @@ def dropin_steps(vllm_src: Path, source_dir: Path | None = None) -> list[KernelS
     ]
 
 
+# Runs in the new environment after the clone, so the file is searched for when it exists.
+_DROPIN = ("import pathlib, shutil, sys; k, v = map(pathlib.Path, sys.argv[1:3]); "
+           "f = sorted((v / 'csrc').rglob('hisparse_kernels.cu')); "
+           "len(f) == 1 or sys.exit(f'{v}: expected one csrc/**/hisparse_kernels.cu to replace, found {len(f)}'); "
+           "d = f[0].parent / 'hisparse_bundled'; d.mkdir(exist_ok=True); "
+           "[shutil.copy(h, d) for h in sorted(k.iterdir()) if h.suffix in ('.h', '.cuh')]; "
+           "shutil.copy(k / 'vllm_dropin' / 'hisparse_kernels.cu', f[0]); print('replaced', f[0])")
+
+
+def dropin_recipe_step(python: str, vllm_src: Path, source_dir: Path | None = None) -> KernelStep:
+    """dropin_steps as one command for a build recipe: the tree is searched when the step runs
+    (after the clone), not when the recipe is written."""
+    src = require_source_dir(source_dir) / "csrc"
+    return KernelStep([python, "-c", _DROPIN, str(src), str(vllm_src)],
+                      "replace vLLM's csrc/**/hisparse_kernels.cu with the bundled drop-in (and its headers)", {})
+
+
+def bundled_server_env(overlay: Path, profile_env: Mapping[str, str],
+                       inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What a server's environment needs to load the module from `overlay`: the overlay first on
+    PYTHONPATH (keeping the profile's, else the inherited, PYTHONPATH), the plugin added to a
+    VLLM_PLUGINS allow-list where one is set, and the per-process dispatch check switched on."""
+    inherited = os.environ if inherited is None else inherited
+    rest = profile_env.get("PYTHONPATH", inherited.get("PYTHONPATH"))
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(overlay), rest])), DISPATCH_CHECK_ENV: "1"}
+    allow = profile_env.get("VLLM_PLUGINS", inherited.get("VLLM_PLUGINS"))
+    if allow is not None and PLUGIN_NAME not in allow.split(","):
+        env["VLLM_PLUGINS"] = ",".join(filter(None, [*allow.split(","), PLUGIN_NAME]))
+    return env
+
+
+def overlay_preview_steps(python: str, cuda_arch: str | None, cache_root: Path | None = None,
+                          source_dir: Path | None = None) -> list[KernelStep]:
+    """The overlay build and its dispatch proof for an environment that does not exist yet (the
+    overlay's folder name depends on the torch that environment will hold)."""
+    overlay = (cache_root or DEFAULT_CACHE_ROOT) / "kernels" / "<key: sources, torch, python, arch>"
+    return [*kernel_build_steps(python, overlay, cuda_arch, source_dir),
+            KernelStep([python, "-m", "hisparse_kernels.probe"],
+                       "prove that torch.ops._C_cache_ops.hisparse_* reach the bundled kernels",
+                       {"PYTHONPATH": str(overlay), DISPATCH_CHECK_ENV: "1"})]
+
+
 # ---- running steps --------------------------------------------------------------------------------
 
 def _run(step: KernelStep, log_path: Path, progress: Progress | None, label: str) -> None:
@@ -211,7 +231,7 @@ def _run(step: KernelStep, log_path: Path, progress: Progress | None, label: str
         raise KernelBuildError(f"{label}: {step.why} failed (exit {proc.returncode}; log {log_path}): {tail[-300:]}")
 
 
-def _python_facts(python: str, code: str) -> str:
+def python_facts(python: str, code: str) -> str:
     try:
         out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -224,7 +244,7 @@ def _python_facts(python: str, code: str) -> str:
 
 def torch_version_of(python: str) -> str:
     """The torch version installed for `python`, read without importing torch."""
-    return _python_facts(python, "import importlib.metadata as m; print(m.version('torch'))")
+    return python_facts(python, "import importlib.metadata as m; print(m.version('torch'))")
 
 
 def read_identity(python: str, overlay: Path) -> KernelIdentity:
@@ -249,7 +269,7 @@ def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None
     """The overlay for this interpreter, torch and arch, built once and reused."""
     src = require_source_dir(source_dir)
     sha = source_hash(src)
-    py_version = _python_facts(python, "import sys; print('%d.%d' % sys.version_info[:2])")
+    py_version = python_facts(python, "import sys; print('%d.%d' % sys.version_info[:2])")
     key = overlay_key(sha, torch_version, py_version, cuda_arch)
     root = (cache_root or DEFAULT_CACHE_ROOT).expanduser() / "kernels"
     final = root / key
@@ -308,85 +328,10 @@ def ensure_kernel_dev_env(cache_root: Path | None = None, progress: Progress | N
             (env_dir / MARKER).write_text(json.dumps({"torch": torch_version}), encoding="utf-8")
     torch_version = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))["torch"]
     overlay = ensure_kernel_overlay(str(python), torch_version, None, cache_root, progress, source_dir)
-    site = Path(_python_facts(str(python), "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+    site = Path(python_facts(str(python), "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
     pointer = site / "hisparse_kernels_overlay.pth"
     if not pointer.is_file() or pointer.read_text(encoding="utf-8").strip() != str(overlay.path):
         staged = site / ".hisparse_kernels_overlay.pth.tmp"
         staged.write_text(f"{overlay.path}\n", encoding="utf-8")
         os.replace(staged, pointer)  # atomic: a concurrent reader sees the old or the new overlay
     return python
-
-
-# ---- proofs and checks ------------------------------------------------------------------------------
-
-def probe_dispatch(python: str, overlay: Path, env: dict[str, str] | None = None,
-                   timeout_s: float = 300.0) -> DispatchProof:
-    """In `python` with the overlay: import vLLM, load its plugins, call the four ops via _C_cache_ops."""
-    path = os.pathsep.join(filter(None, [str(overlay), (env or {}).get("PYTHONPATH")]))
-    run_env = {**os.environ, **(env or {}), "PYTHONPATH": path}
-    try:
-        out = subprocess.run([python, "-m", "hisparse_kernels.probe"], capture_output=True, text=True,
-                             env=run_env, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return DispatchProof(None, None, {}, None, error=f"probe did not run: {exc}")
-    text = out.stdout + "\n" + out.stderr
-    log_line = next((m.group(0) for m in map(IDENTITY_LINE.search, text.splitlines()) if m), None)
-    payload = next((line[len(PROBE_PREFIX):] for line in out.stdout.splitlines() if line.startswith(PROBE_PREFIX)),
-                   None)
-    if payload is None:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return DispatchProof(None, None, {}, log_line, error=f"probe exited {out.returncode}: {last}")
-    raw = json.loads(payload)
-    ops = raw.get("ops", {})
-    return DispatchProof(raw.get("vllm_version"),
-                         KernelIdentity.from_dict(raw["identity"]) if raw.get("identity") else None,
-                         {name: bool(info["reached"]) for name, info in ops.items()}, log_line, raw.get("error"),
-                         {name: info["error"] for name, info in ops.items() if info.get("error")},
-                         {name: bool(info["reached"]) for name, info in raw.get("ops_cuda", {}).items()})
-
-
-def find_nvcc() -> str:
-    for candidate in ("/usr/local/cuda/bin/nvcc", shutil.which("nvcc")):
-        if candidate and os.access(candidate, os.X_OK):
-            return candidate
-    raise KernelBuildError("no nvcc found (looked in /usr/local/cuda/bin and PATH): install the CUDA toolkit, "
-                           "or the PyPI wheels nvidia-cuda-nvcc (CUDA 13) / nvidia-cuda-nvcc-cu12, which ship one")
-
-
-def torch_include_dirs(python: str) -> list[str]:
-    code = "import json; from torch.utils.cpp_extension import include_paths; print(json.dumps(include_paths()))"
-    return json.loads(_python_facts(python, code).splitlines()[-1])
-
-
-def nvcc_compile_check(cuda_arch: str = "90", torch_include_dirs: list[str] | None = None,
-                       source_dir: Path | None = None) -> NvccCheck:
-    """Compile the CUDA build's sources (kernels, registration, vLLM drop-in) to objects only:
-    no link, no GPU."""
-    if torch_include_dirs is None:
-        raise KernelBuildError("nvcc_compile_check needs torch's include folders (see torch_include_dirs)")
-    src = require_source_dir(source_dir) / "csrc"
-    nvcc = find_nvcc()
-    includes = [f"-I{d}" for d in torch_include_dirs]
-    base = [nvcc, "-c", "-std=c++20", "-O3", f"-gencode=arch=compute_{cuda_arch},code=sm_{cuda_arch}",
-            "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", *includes]
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="hisparse-nvcc-") as tmp:
-        dropin = Path(tmp) / "dropin"
-        (dropin / "hisparse_bundled").mkdir(parents=True)
-        for header in src.iterdir():
-            if header.suffix in (".h", ".cuh"):
-                shutil.copy(header, dropin / "hisparse_bundled" / header.name)
-        shutil.copy(src / "vllm_dropin" / "hisparse_kernels.cu", dropin / "hisparse_kernels.cu")
-        jobs = [
-            [*base, "-DHISPARSE_WITH_CUDA", "-DUSE_CUDA", f"-I{src}", str(src / "hisparse_cuda.cu"),
-             "-o", f"{tmp}/module.o"],
-            [*base, str(dropin / "hisparse_kernels.cu"), "-o", f"{tmp}/dropin.o"],
-            # The CUDA build's registration (host code, handed to the host compiler).
-            [*base, "-DHISPARSE_WITH_CUDA", "-DUSE_CUDA", f"-I{src}", str(src / "registration.cpp"),
-             "-o", f"{tmp}/registration.o"],
-        ]
-        procs = [subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for job in jobs]
-        logs = [proc.communicate()[0] for proc in procs]
-        ok = all(proc.returncode == 0 for proc in procs)
-    return NvccCheck(ok, nvcc, round(time.monotonic() - started, 1), [" ".join(job) for job in jobs],
-                     "\n".join(logs))

@@ -1,5 +1,6 @@
 """Making a server's build ready where the server will run: the environment (made once, cached), the
-check that it can run the profile, and the model files the profile generates locally.
+check that it can run the profile, the bundled kernel module where the profile asks for it, and the
+model files the profile generates locally.
 
 The local launcher calls this on the driver before any server starts; the Ray launcher calls it in
 the server's actor, on the server's node. Either way the command was rendered by the plan from the
@@ -12,8 +13,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.builds.check import check_build
-from harness.builds.envs import BuildEnv, ensure_build
+from harness.builds.check import check_build, check_bundled_kernels
+from harness.builds.envs import (
+    DEFAULT_CUDA_ARCH,
+    BuildEnv,
+    ensure_build,
+    kernel_preview,
+    refuse_without_gpu,
+)
+from harness.builds.kernel_proofs import DispatchProof
+from harness.builds.kernels import KernelOverlay, bundled_server_env, ensure_kernel_overlay
 from harness.builds.probe import BuildError, BuildProbe
 from harness.builds.tiny_model import ensure_tiny_model, tiny_model_path
 from harness.config import LaunchProfile
@@ -30,9 +39,14 @@ class PreparedBuild:
     probe: BuildProbe
     model: str
     server_env: dict[str, str] = field(default_factory=dict)
+    kernel: KernelOverlay | None = None  # kernels: bundled
+    dispatch: DispatchProof | None = None  # how the check proved the bundled kernels are reached
 
     def provenance(self) -> dict:
-        return self.env.provenance()
+        out = self.env.provenance()
+        if self.kernel is not None:
+            out["kernel"] = {**self.kernel.identity.__dict__, "overlay_dir": str(self.kernel.path)}
+        return out
 
 
 def ensure_model(profile: LaunchProfile) -> str:
@@ -44,13 +58,42 @@ def ensure_model(profile: LaunchProfile) -> str:
     return profile.serve.model
 
 
+def ensure_bundled_overlay(profile: LaunchProfile, env: BuildEnv, cache_dir: Path | None, progress: Progress,
+                           kernel_source: Path | None = None) -> KernelOverlay:
+    """The module built for this environment's torch: CPU kernels for a CPU torch, else CUDA for the
+    profile's GPU architecture (build.cuda_arch, default sm 9.0)."""
+    if env.python is None:
+        raise BuildError(f"build {env.spec}: kernels: bundled needs the server's interpreter, and this `vllm` "
+                         "on PATH has none the harness can find; name a build (a PyPI spec or a git ref)")
+    if env.torch_version is None:
+        raise BuildError(f"build {env.spec} ({env.python}): torch does not import, so the bundled kernels "
+                         "cannot be built against it")
+    arch = (profile.build.cuda_arch or DEFAULT_CUDA_ARCH) if env.torch_cuda else None
+    if arch is not None:  # a system build with a CUDA torch: envs.py refused the others already
+        refuse_without_gpu(f"build {env.spec} with kernels: bundled",
+                           "its torch is a CUDA build, and the check must show torch.ops._C_cache_ops.hisparse_* "
+                           "reaching the bundled CUDA kernels", kernel_preview(env.python, arch, cache_dir),
+                           progress, needs_nvcc=True)
+    return ensure_kernel_overlay(env.python, env.torch_version, arch, cache_dir, progress, kernel_source)
+
+
 def prepare_build(profile: LaunchProfile, dialect: ResolvedDialect | None, expected_python: str | None,
-                  cache_dir: Path | None = None, progress: Progress = print) -> PreparedBuild:
+                  cache_dir: Path | None = None, progress: Progress = print,
+                  kernel_source: Path | None = None) -> PreparedBuild:
     """Make (or reuse) and check the profile's build here; refuse a build whose interpreter is not
-    the one the plan rendered the server command for."""
+    the one the plan rendered the server command for. `kernel_source`: another copy of
+    kernels/hisparse to build the bundled module from (tests)."""
     env = ensure_build(profile, cache_dir, progress)
     if expected_python is not None and env.python is not None and env.python != expected_python:
         raise BuildError(f"build {env.spec}: its interpreter here is {env.python}, but the plan rendered the "
                          f"server command for {expected_python}; plan and run with the same cache folder")
     probe = check_build(profile, env, dialect)
-    return PreparedBuild(env=env, probe=probe, model=ensure_model(profile))
+    if profile.build.kernels != "bundled":
+        return PreparedBuild(env=env, probe=probe, model=ensure_model(profile))
+    overlay = ensure_bundled_overlay(profile, env, cache_dir, progress, kernel_source)
+    server_env = bundled_server_env(overlay.path, profile.env)
+    dispatch = check_bundled_kernels(env, overlay, {**profile.env, **server_env})
+    progress(f"build {env.spec}: {overlay.identity.describe()}: calls through torch.ops._C_cache_ops reach it "
+             f"(overlay {overlay.path})")
+    return PreparedBuild(env=env, probe=probe, model=ensure_model(profile), server_env=server_env, kernel=overlay,
+                         dispatch=dispatch)

@@ -80,6 +80,16 @@ def run(args: argparse.Namespace) -> int:
             ("build time", f"{env.build_s:.0f}s"), ("size", size),
             ("HiSparse ops", ", ".join(probe.ops) or "none"), ("kernels", profile.build.kernels),
             ("model", prepared.model), ("check", "ok")]
+    if prepared.kernel is not None:  # kernels: bundled: what was built, and how the check proved it is used
+        kernel, dispatch = prepared.kernel, prepared.dispatch
+        reached = sum(dispatch.reached.values()) if dispatch else 0
+        cuda = f", {sum(dispatch.reached_cuda.values())} on CUDA" if dispatch and dispatch.reached_cuda else ""
+        rows[-1:-1] = [("kernel", f"{kernel.identity.describe()}, sha256 {kernel.identity.source_sha256}"),
+                       ("kernel overlay", f"{kernel.path} ({'built now' if kernel.created else 'reused'}, "
+                                          f"build {kernel.build_s:.0f}s)"),
+                       ("kernel dispatch", f"{reached}/4 ops via torch.ops._C_cache_ops reached the bundled kernels"
+                                           f"{cuda} (vLLM {dispatch.vllm_version if dispatch else '?'})"),
+                       ("server env", " ".join(f"{k}={v}" for k, v in prepared.server_env.items()))]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")

@@ -44,7 +44,9 @@ def plan_as_dict(plan: Plan) -> dict:
             "engine": dep.engine,
             "dialect": dep.dialect,
             "build": None if dep.build is None else {"spec": dep.build.spec, "kind": dep.build.kind,
-                                                     "python": dep.build.python, "kernels": dep.build.kernels},
+                                                     "python": dep.build.python, "kernels": dep.build.kernels,
+                                                     "kernel": None if dep.build.kernel is None
+                                                     else dep.build.kernel.__dict__},
             "weights": None if dep.weights is None else str(dep.weights),  # fetched first; "{model}" in the argv
             "server_argv": redact_argv(dep.command.argv),
             "server_env": redact_env(dep.command.env),
@@ -79,6 +81,9 @@ def plan_as_text(plan: Plan) -> str:
         if dep.build is not None:
             lines.append(f"  build: {dep.build.spec} ({dep.build.kind}; kernels {dep.build.kernels}; "
                          f"python {dep.build.python or 'the vllm on PATH'})")
+            if dep.build.kernel is not None:
+                lines.append(f"  kernel: bundled {dep.build.kernel.describe()}, sha256 "
+                             f"{dep.build.kernel.source_sha256} (from the source tree; built at `build`)")
         if dep.weights is not None:
             lines.append(f"  weights: {dep.weights} (fetched onto each server node first; {{model}} is its path there)")
         lines.append(f"  server: {dep.command.shell_line()}")

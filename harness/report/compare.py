@@ -3,6 +3,11 @@
 A regression is a point whose interactivity or per-GPU throughput fell, or whose TTFT
 rose, by more than the tolerance, or a point that failed where the reference had
 completed. Runs on different hardware or workloads are refused, not compared.
+
+Runs whose deployments ran different builds (another bundled kernel source hash, kernels: vllm
+against bundled, another vLLM) are compared, since measuring that difference is what a kernel A/B
+is for, but never as "the same build": the differences are named, one per line, at the top of
+the table, and `Comparison.build_differences` lists them.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any, Literal
 
 from harness.errors import HarnessError
 from harness.io import atomic_write_json
-from harness.records import WorkloadRecord
+from harness.records import RunManifest, WorkloadRecord
 from harness.results import read_manifest
 from harness.summary import load_runs
 
@@ -64,6 +69,7 @@ class Reference:
     simulated: bool
     workload: dict[str, Any]
     points: dict[tuple[str, int], RefPoint]
+    builds: dict[str, dict[str, str | None]] = field(default_factory=dict)  # deployment -> build identity
 
     def to_json(self) -> dict[str, Any]:
         deployments: dict[str, dict[str, Any]] = {}
@@ -74,7 +80,7 @@ class Reference:
                 "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "hardware": {"gpu_model": self.gpu_model, "gpus_per_server": self.gpus_per_server,
                              "simulated": self.simulated},
-                "workload": self.workload, "deployments": deployments}
+                "workload": self.workload, "deployments": deployments, "builds": self.builds}
 
 
 def _float(value: object) -> float | None:
@@ -85,6 +91,43 @@ def _float(value: object) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(number) else number
+
+
+# What makes two deployments' servers the same build, as the manifest's build records say.
+BUILD_FIELDS = ("kernels", "kernel_sha256", "kernel_version", "kernel_built_for", "kernel_cuda_arch",
+                "vllm_version", "vllm_commit", "torch_version")
+
+
+def build_identity(manifest: RunManifest) -> dict[str, dict[str, str | None]]:
+    out = {}
+    for name, dep in manifest.deployments.items():
+        build = dep.build
+        if build is None:  # the simulated engine, or a server that never started
+            continue
+        kernel = build.kernel
+        out[name] = {"kernels": build.kernels, "kernel_sha256": kernel.source_sha256 if kernel else None,
+                     "kernel_version": kernel.version if kernel else None,
+                     "kernel_built_for": kernel.built_for if kernel else None,
+                     "kernel_cuda_arch": kernel.cuda_arch if kernel else None,
+                     "vllm_version": build.vllm_version, "vllm_commit": build.vllm_commit,
+                     "torch_version": build.torch_version}
+    return out
+
+
+def build_differences(run: Reference, ref: Reference) -> list[str]:
+    """One line per field in which a deployment's build differs between the two sides."""
+    lines = []
+    for dep in sorted(set(run.builds) & set(ref.builds)):
+        ours, theirs = run.builds[dep], ref.builds[dep]
+        for key in BUILD_FIELDS:
+            old, new = theirs.get(key), ours.get(key)
+            if old != new:
+                lines.append(f"{dep}: {key} {_short(old)} (reference) vs {_short(new)} (this run)")
+    return lines
+
+
+def _short(value: str | None) -> str:
+    return "-" if value is None else value
 
 
 def reference_from_run(run_dir: Path) -> Reference:
@@ -99,7 +142,7 @@ def reference_from_run(run_dir: Path) -> Reference:
             values={m.name: _float(row[m.name]) for m in METRICS})
     return Reference(source=str(run_dir), run_id=manifest.run_id, gpu_model=manifest.gpu_model,
                      gpus_per_server=manifest.gpus_per_server, simulated=manifest.simulated,
-                     workload=manifest.workload.identity(), points=points)
+                     workload=manifest.workload.identity(), points=points, builds=build_identity(manifest))
 
 
 def reference_from_json(path: Path) -> Reference:
@@ -123,7 +166,8 @@ def reference_from_json(path: Path) -> Reference:
         return Reference(source=str(path), run_id=str(data.get("run_id", Path(path).stem)),
                          gpu_model=hardware.get("gpu_model"), gpus_per_server=int(hardware["gpus_per_server"]),
                          simulated=bool(hardware.get("simulated", False)),
-                         workload=WorkloadRecord.model_validate(data.get("workload") or {}).identity(), points=points)
+                         workload=WorkloadRecord.model_validate(data.get("workload") or {}).identity(), points=points,
+                         builds={str(k): dict(v) for k, v in (data.get("builds") or {}).items()})
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise HarnessError(f"{path}: malformed reference JSON: {type(exc).__name__}: {exc}") from None
 
@@ -161,6 +205,7 @@ class Comparison:
     tolerance: float
     points: list[PointChange] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    build_differences: list[str] = field(default_factory=list)  # empty: the same build where both record one
 
     @property
     def regressions(self) -> list[str]:
@@ -179,8 +224,11 @@ class Comparison:
 
     def markdown(self) -> str:
         head = ["deployment", "c"] + [m.label for m in METRICS] + ["verdict"]
-        lines = [f"## {self.run_id} against {self.reference_id} (tolerance {self.tolerance:.0%})", "",
-                 "| " + " | ".join(head) + " |", "|---|--:|" + "--:|" * len(METRICS) + "---|"]
+        lines = [f"## {self.run_id} against {self.reference_id} (tolerance {self.tolerance:.0%})", ""]
+        if self.build_differences:
+            lines += ["**Not the same build**: these numbers compare different server code:"]
+            lines += [f"- {d}" for d in self.build_differences] + [""]
+        lines += ["| " + " | ".join(head) + " |", "|---|--:|" + "--:|" * len(METRICS) + "---|"]
         for p in self.points:
             cells = [p.deployment, str(p.parallel)]
             for m in METRICS:
@@ -240,7 +288,8 @@ def compare_runs(run: Path, reference: Path, tolerance: float = DEFAULT_TOLERANC
         raise HarnessError(f"--tolerance {tolerance}: must be a fraction in [0, 1), e.g. 0.10")
     current = reference_from_run(Path(run))
     ref = load_reference(Path(reference))
-    comparison = Comparison(current.run_id, ref.run_id, tolerance, notes=_refuse_if_different(current, ref))
+    comparison = Comparison(current.run_id, ref.run_id, tolerance, notes=_refuse_if_different(current, ref),
+                            build_differences=build_differences(current, ref))
     for key, point in sorted(current.points.items()):
         base = ref.points.get(key)
         if base is None:

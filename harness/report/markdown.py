@@ -156,6 +156,24 @@ def _provenance(manifest: RunManifest) -> list[str]:
     return lines
 
 
+def _kernels(manifest: RunManifest) -> list[str]:
+    """Which HiSparse kernels each vLLM server ran: an A/B of kernels reads here which arm was which."""
+    parts = []
+    for dep, entry in manifest.deployments.items():
+        build = entry.build
+        if build is None:
+            continue
+        kernel = build.kernel
+        if kernel is None or kernel.source_sha256 is None:
+            parts.append(f"`{dep}` vLLM's own" if build.kernels == "vllm"
+                         else f"`{dep}` bundled (identity not recorded)")
+            continue
+        arch = f" sm {kernel.cuda_arch}" if kernel.cuda_arch else ""
+        parts.append(f"`{dep}` bundled hisparse_kernels {kernel.version} "
+                     f"(sha256 `{kernel.source_sha256[:12]}`, {kernel.built_for}{arch})")
+    return ["", "HiSparse kernels: " + "; ".join(parts) + "."] if parts else []
+
+
 def _deployments(run_dir: Path, manifest: RunManifest) -> list[str]:
     lines: list[str] = []
     for dep, entry in manifest.deployments.items():
@@ -195,7 +213,7 @@ def render_report(run_dir: Path, plots_dir: Path) -> str:
                 "servers. They check the harness, not vLLM.", ""]
     out += [f"{manifest.gpu_model or 'unknown GPU'} x {manifest.gpus_per_server} per server; "
             f"{len(points)} points over {len(manifest.deployments) or len({p.deployment for p in points})} "
-            f"deployment(s); status {manifest.status}.", "", "## Warnings", ""]
+            f"deployment(s); status {manifest.status}."] + _kernels(manifest) + ["", "## Warnings", ""]
     out += [f"- **{w.kind}**: {w.text}" for w in warnings] or ["None."]
     out += ["", evidence.client_line(manifest) + " " + evidence.reuse_line(manifest)]
     out += ["", "## Points", ""] + _points_table(points)

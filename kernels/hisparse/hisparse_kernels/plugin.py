@@ -12,11 +12,18 @@ core, workers), possibly more than once; `register()` acts once per process:
 
 Registration is done in C++ (`attach_cache_ops`): calls go from the dispatcher straight
 to the bundled kernels, with no Python on the way.
+
+With HISPARSE_DISPATCH_CHECK=1 (the harness sets it in the servers it starts with bundled
+kernels) each process then calls the four ops once through `_C_cache_ops` on tiny CPU
+tensors and logs whether the bundled call counters moved: one line per vLLM process, so a
+server's own log shows that its engine and workers dispatch to this module. Those calls
+stay in the counters (one per op and process).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import hisparse_kernels as hk
@@ -27,6 +34,7 @@ _lock = threading.Lock()
 _done = False
 
 _DEFINED, _CPU, _CUDA = 1, 2, 4
+DISPATCH_CHECK_ENV = "HISPARSE_DISPATCH_CHECK"
 
 
 def _import_vllm_kernels() -> None:
@@ -79,3 +87,19 @@ def register() -> None:
     keys = "+".join(key for bit, key in ((_CPU, "CPU"), (_CUDA, "CUDA")) if attached & bit)
     how = "defined" if attached & _DEFINED else "over vLLM's kernels"
     hk.announce((hk.NAMESPACE, f"_C_cache_ops ({how}, {keys})"), logger)
+    if os.environ.get(DISPATCH_CHECK_ENV) == "1":
+        dispatch_check()
+
+
+def dispatch_check() -> bool:
+    """Call each op once via _C_cache_ops (CPU tensors) and log whether the bundled kernels ran."""
+    from hisparse_kernels.probe import reach
+
+    found = reach(hk, "cpu")
+    missed = [f"{name} ({info['error'] or 'not counted'})" for name, info in found.items() if not info["reached"]]
+    if missed:
+        logger.error("hisparse_bundled: dispatch check in pid %d FAILED: %s", os.getpid(), "; ".join(missed))
+        return False
+    logger.info("hisparse_bundled: dispatch check in pid %d: %d/%d ops via _C_cache_ops reached the bundled "
+                "cpu kernels", os.getpid(), len(found), len(hk.OP_NAMES))
+    return True

@@ -52,7 +52,7 @@ def _calls(device: str = "cpu"):
             "hisparse_gather_plan": plan, "hisparse_gather_compact": compact}
 
 
-def _reach(hk, device: str) -> dict:
+def reach(hk, device: str) -> dict:
     """Call each op once through _C_cache_ops on `device`; did the bundled counter move?"""
     out = {}
     for name, call in _calls(device).items():
@@ -102,11 +102,11 @@ def probe() -> dict:
         ident = hk.identity()
         result["identity"] = {"version": ident.version, "source_sha256": ident.source_sha256,
                               "built_for": ident.built_for, "cuda_arch": ident.cuda_arch}
-        result["ops"] = _reach(hk, "cpu")
+        result["ops"] = reach(hk, "cpu")
         import torch
 
         if ident.built_for == "cuda" and torch.cuda.is_available():
-            result["ops_cuda"] = _reach(hk, "cuda")
+            result["ops_cuda"] = reach(hk, "cuda")
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     return result

@@ -173,3 +173,29 @@ def test_bundled_schemas_are_vllms(ops, name):
         assert plugin.schema_of("hs_schema_check", name) == plugin.schema_of("hisparse_kernels", name)
     finally:
         lib._destroy()
+
+
+def test_plugin_dispatch_check_logs_one_line_per_process(monkeypatch):
+    """HISPARSE_DISPATCH_CHECK=1 (set by the harness for bundled servers): the plugin calls each op
+    once through _C_cache_ops and logs whether the bundled counters moved; it also says so when a
+    call reaches other code."""
+    monkeypatch.setenv("HISPARSE_DISPATCH_CHECK", "1")
+    proc = run_python("""
+        import hisparse_kernels as hk
+        from hisparse_kernels import plugin
+        plugin.register()
+        assert hk.call_counts()["_C_cache_ops"]["cpu"] == dict.fromkeys(hk.OP_NAMES, 1)
+    """)
+    lines = [line for line in proc.stderr.splitlines() if "dispatch check" in line]
+    assert len(lines) == 1 and re.search(r"dispatch check in pid \d+: 4/4 ops via _C_cache_ops reached", lines[0])
+    proc = run_python("""
+        import torch
+        import hisparse_kernels as hk
+        from hisparse_kernels import plugin
+        hk.load(announce_line=False)
+        torch.ops.hisparse_kernels.attach_cache_ops(True)  # the four ops, served by the bundled kernels
+        lib = torch.library.Library("_C_cache_ops", "IMPL")
+        lib.impl("hisparse_gather_plan", lambda *args: None, "CPU")  # the newest kernel wins: not ours
+        assert plugin.dispatch_check() is False
+    """)
+    assert "FAILED: hisparse_gather_plan (not counted)" in proc.stderr, proc.stderr
