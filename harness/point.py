@@ -22,6 +22,7 @@ from harness.plan import DeploymentPlan, Plan, PointPlan
 from harness.records import EvalScopeSummary, PointRecord
 from harness.results import RunPaths
 from harness.servers.base import ServerHandle, read_log_tail
+from harness.telemetry import GPU_JSONL
 
 Progress = Callable[[str], None]
 
@@ -51,6 +52,9 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     scrapes_path = paths.scrapes_jsonl(dep.name, point.parallel)
     if scrapes_path.exists():  # a failed earlier attempt: keep its scrapes beside, not mixed in
         scrapes_path.rename(scrapes_path.with_name(f"scrapes.attempt-{attempt - 1}.jsonl"))
+    gpu_path = paths.point_dir(dep.name, point.parallel) / GPU_JSONL
+    if gpu_path.exists():
+        gpu_path.rename(gpu_path.with_name(f"gpu.attempt-{attempt - 1}.jsonl"))
     progress(f"{dep.name}: c{point.parallel} ({point.number} conversations, offset {point.dataset_offset}), "
              f"attempt {attempt}")
     started_iso, started_unix = utc_now_iso(), time.time()
@@ -62,9 +66,13 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     def should_stop() -> bool:
         return (stop is not None and stop.is_set()) or not handle.alive()
 
-    with scraper:
-        run = load_generator.run(argv, outputs_dir / "evalscope.log", timeout_s=sweep.client.timeout_s,
-                                 should_stop=should_stop)
+    handle.start_gpu_telemetry(gpu_path, sweep.scrape.interval_s)  # NVML where the server runs, if any
+    try:
+        with scraper:
+            run = load_generator.run(argv, outputs_dir / "evalscope.log", timeout_s=sweep.client.timeout_s,
+                                     should_stop=should_stop)
+    finally:
+        gpu = handle.stop_gpu_telemetry()
     ended_unix = time.time()
     load_generator.scrub(outputs_dir)
     record = PointRecord(
@@ -76,6 +84,7 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     run_summary = summary_dir(outputs_dir, point.evalscope_name, point.parallel, point.number)
     summary, reason = _summary_or_reason(run, run_summary, handle, load_generator, stop)
     record.summary = summary
+    record.gpu = gpu
     try:  # the per-request rows explain the client's numbers; an unreadable database costs only them
         record.requests = load_generator.read_requests(run_summary)
     except HarnessError as exc:

@@ -56,6 +56,20 @@ class ClientRequests(Record):
     max_chunk_gap_ms: float | None = None
 
 
+class GpuTelemetry(Record):
+    """A point's GPU telemetry through NVML (harness/telemetry.py), the server's GPUs together."""
+
+    status: Literal["ok", "unavailable"] = "unavailable"
+    reason: str | None = None  # why it is unavailable (no binding, no driver, no GPU) or why sampling stopped
+    gpus: list[str] = Field(default_factory=list)
+    samples: int = 0
+    mean_power_w: float | None = None  # summed over the server's GPUs
+    mean_pcie_h2d_gb_s: float | None = None  # PCIe received by the GPUs, summed
+    mean_pcie_d2h_gb_s: float | None = None
+    mean_util_pct: float | None = None
+    max_memory_used_gib: float | None = None
+
+
 class PointMetrics(Record):
     """Per-point metrics (docs/metrics.md). None means the server did not expose it."""
 
@@ -125,6 +139,7 @@ class PointRecord(Record):
     warnings: list[str] = Field(default_factory=list)  # what makes the numbers doubtful though the point ran
     summary: EvalScopeSummary | None = None
     requests: ClientRequests | None = None  # EvalScope's per-request rows, summarised
+    gpu: GpuTelemetry | None = None  # NVML telemetry of the server's GPUs (gpu.jsonl beside)
     metrics: PointMetrics | None = None
 
     @property

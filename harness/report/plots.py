@@ -249,8 +249,9 @@ def _shade_windows(axes: Sequence[Axes], timeline: DeploymentTimeline, minutes: 
 
 def build_timeseries_figure(timeline: DeploymentTimeline, simulated: bool = False, title: str = "") -> Figure:
     """Running/waiting requests, KV usage and transfer rates of one deployment, point windows shaded."""
-    fig = _new_figure(11.0, 8.5)
-    axes = fig.subplots(3, 1, sharex=True)
+    gpu_panel = bool(timeline.gpu_power_w)  # NVML telemetry (harness/telemetry.py), where there were GPUs
+    fig = _new_figure(11.0, 10.5 if gpu_panel else 8.5)
+    axes = fig.subplots(4 if gpu_panel else 3, 1, sharex=True)
     spans = [w.end_s for w in timeline.windows] + [t for s in timeline.requests for t in s.t_s[-1:]]
     minutes = 60.0 if max(spans, default=0.0) > 600 else 1.0
     unit = "min" if minutes == 60.0 else "s"
@@ -258,7 +259,8 @@ def build_timeseries_figure(timeline: DeploymentTimeline, simulated: bool = Fals
     styles = ("-", "--", ":", "-.")
     panels = ((axes[0], timeline.requests, "Requests", 1.0),
               (axes[1], timeline.kv_usage, "Cache usage (%)", 100.0),
-              (axes[2], timeline.transfer_gb_s, "KV transfer rate (GB/s)", 1.0))
+              (axes[2], timeline.transfer_gb_s, "KV transfer rate (GB/s)", 1.0)) + (
+        ((axes[3], timeline.gpu_power_w, "GPU power (W)", 1.0),) if gpu_panel else ())
     for ax, series_list, ylabel, scale in panels:
         for i, series in enumerate(series_list):
             ax.plot([t / minutes for t in series.t_s], [v * scale for v in series.values],

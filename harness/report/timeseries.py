@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.metrics.scrape import read_scrapes
 from harness.records import PointRecord
 from harness.results import RunPaths, iter_points
+from harness.telemetry import GPU_JSONL, read_gpu_jsonl
 
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
@@ -53,6 +54,7 @@ class DeploymentTimeline:
     requests: list[Series] = field(default_factory=list)  # running, waiting
     kv_usage: list[Series] = field(default_factory=list)  # fractions 0..1
     transfer_gb_s: list[Series] = field(default_factory=list)
+    gpu_power_w: list[Series] = field(default_factory=list)  # NVML, the server's GPUs summed (gpu.jsonl)
     windows: list[PointWindow] = field(default_factory=list)
     scrapes_failed_t_s: list[float] = field(default_factory=list)
     counter_resets_t_s: list[float] = field(default_factory=list)  # a counter went down: server restart
@@ -169,4 +171,17 @@ def load_timeline(run_dir: Path, deployment: str, points: list[PointRecord] | No
         series = _rate(snapshots, name, origin, label, scale=1e-9)
         if series is not None:
             timeline.transfer_gb_s.append(series)
+    gpu_rows = [r for f in sorted(paths.root.glob(f"points/{deployment}/p*/{GPU_JSONL}")) for r in read_gpu_jsonl(f)]
+    if gpu_rows:
+        timeline.transfer_gb_s.append(_gpu_sum(gpu_rows, "pcie_rx_gb_s", origin, "PCIe host→GPU (NVML)"))
+        timeline.gpu_power_w.append(_gpu_sum(gpu_rows, "power_w", origin, "power, server GPUs (NVML)"))
     return timeline
+
+
+def _gpu_sum(rows: list[dict], key: str, origin: float, label: str) -> Series:
+    """One NVML value summed over the server's GPUs at each sampling time."""
+    by_t: dict[float, float] = {}
+    for row in rows:
+        by_t[row["t"]] = by_t.get(row["t"], 0.0) + float(row.get(key) or 0.0)
+    times = sorted(by_t)
+    return Series(label, [t - origin for t in times], [by_t[t] for t in times])

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.errors import HarnessError, Interrupted
+from harness.records import GpuTelemetry
+from harness.telemetry import GpuSampler
 
 LOG_TAIL_LINES = 50
 DEFAULT_PID_DIR = Path("~/.cache/hisparse-harness/pids")
@@ -204,6 +206,15 @@ class ServerHandle(ABC):
     @abstractmethod
     def stop(self, grace_s: float = 15) -> None:
         """TERM the whole tree, wait grace_s, KILL; raises ServerStopError if anything survives."""
+
+    def start_gpu_telemetry(self, out_path: Path, interval_s: float) -> None:
+        """Sample the server's GPUs into `out_path` (gpu.jsonl) from the process that owns the server:
+        here, for a server this process started; the Ray handle asks its actor on the server's node."""
+        self._gpu_sampler = GpuSampler(out_path, interval_s, self.cuda_visible_devices).start()
+
+    def stop_gpu_telemetry(self) -> GpuTelemetry:
+        sampler, self._gpu_sampler = getattr(self, "_gpu_sampler", None), None
+        return sampler.stop() if sampler is not None else GpuTelemetry(reason="not sampled")
 
 
 class Launcher(ABC):

@@ -29,6 +29,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from harness.errors import HarnessError
+from harness.records import GpuTelemetry
 from harness.servers.base import (
     LOG_TAIL_LINES,
     Launcher,
@@ -43,6 +44,7 @@ from harness.servers.base import (
 )
 from harness.servers.process import ServerProcess, http_healthy, pick_free_port, port_open, terminate_tree
 from harness.servers.reaper import Owner, reap_stale_servers, start_tracked
+from harness.telemetry import GpuSampler
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 _ACTOR_START_TIMEOUT_S = 120  # worker process start + the server's spawn, before readiness
@@ -122,6 +124,14 @@ class ServerActor:
     def log_tail(self, n: int) -> list[str]:
         return read_log_tail(self._spec.log_path, n)
 
+    def gpu_telemetry_start(self, out_path: Path, interval_s: float) -> None:
+        """NVML runs here, on the server's node, with the GPUs Ray gave this actor."""
+        self._gpu_sampler = GpuSampler(out_path, interval_s, os.environ.get("CUDA_VISIBLE_DEVICES")).start()
+
+    def gpu_telemetry_stop(self) -> GpuTelemetry:
+        sampler, self._gpu_sampler = getattr(self, "_gpu_sampler", None), None
+        return sampler.stop() if sampler is not None else GpuTelemetry(reason="not sampled")
+
     def stop(self, grace_s: float) -> Teardown:
         return self._server.stop(grace_s) if self._server is not None else Teardown()
 
@@ -160,6 +170,18 @@ class RayServerHandle(ServerHandle):
             return ray.get(self._actor.log_tail.remote(n), timeout=_CONTROL_TIMEOUT_S)
         except RayError:
             return read_log_tail(self.log_path, n)
+
+    def start_gpu_telemetry(self, out_path: Path, interval_s: float) -> None:
+        try:
+            ray.get(self._actor.gpu_telemetry_start.remote(Path(out_path), interval_s), timeout=_CONTROL_TIMEOUT_S)
+        except RayError:
+            pass  # the point records telemetry unavailable at stop
+
+    def stop_gpu_telemetry(self) -> GpuTelemetry:
+        try:
+            return ray.get(self._actor.gpu_telemetry_stop.remote(), timeout=_CONTROL_TIMEOUT_S)
+        except RayError as exc:
+            return GpuTelemetry(reason=f"the server's Ray actor did not answer ({type(exc).__name__})")
 
     def stop(self, grace_s: float = 15) -> None:
         if self._stopped:
