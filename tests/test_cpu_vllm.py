@@ -51,6 +51,10 @@ def family_names(scrapes: Path) -> set[str]:
         name = json.loads(line).get("name")
         if name:
             names.add(name)
+        # EvalScope's per-request rows are read and give back its own TPOT, unrounded: the client side of
+        # the TPOT check, with the replies that arrived in one burst (docs/tpot.md)
+        assert record.requests.succeeded == record.summary.success_requests, key
+        assert record.requests.tpot_ms == pytest.approx(m.mean_tpot_ms, abs=0.006), key
     return names
 
 
