@@ -72,10 +72,10 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
                    f"(the engine's own: {_num(m.server_interactivity_tok_s_user)} tok/s/user; docs/tpot.md)"
                    if m.tpot_client_low else
                    "delivery added time the engine did not spend: what users saw, not the engine's speed")
-            warnings.append(ReportWarning("TPOT disagreement", (
             if p.requests is not None and p.requests.burst_replies:
                 why += (f"; {p.requests.burst_replies} of {p.requests.succeeded} replies arrived in one burst "
                         "(decode span under 5 ms)")
+            warnings.append(ReportWarning("TPOT disagreement", (
                 f"`{p.deployment}` c{p.parallel}: client TPOT {_num(m.mean_tpot_ms, 2)} ms vs server "
                 f"{_num(m.server_tpot_ms, 2)} ms ({(m.tpot_rel_diff or 0.0):+.0%}, more than "
                 f"{TPOT_TOLERANCE:.0%}): {why}")))
