@@ -17,6 +17,9 @@ class FaultSettings(StrictModel):
     stall_after_tokens: int | None = Field(default=None, ge=0, description="stall a stream after N tokens")
     stall_s: float = Field(default=3600.0, ge=0)
     malformed_metrics: bool = Field(default=False, description="serve unparseable /metrics text")
+    ignore_hisparse: bool = Field(default=False, description="accept kv.hisparse and silently run without it, "
+                                  "as a build that ignores the flags would: no start lines, no vllm:hisparse_ "
+                                  "metrics (the harness must refuse the arm)")
 
 
 class SimSettings(StrictModel):
@@ -26,9 +29,6 @@ class SimSettings(StrictModel):
                               description="simulated seconds per wall second; >1 runs faster than the GPU")
     tokenizer: RelPath | None = Field(default=None, description="tokenizer folder or tokenizer.json; "
                                       "default: the shipped datasets/tokenizers one")
-    ignore_hisparse: bool = Field(default=False, description="accept kv.hisparse and silently run without it, "
-                                  "as a build that ignores the flags would: no start lines, no vllm:hisparse_ "
-                                  "metrics (the harness must refuse the arm)")
     seed: int = 0
     mtp_acceptance_mean: float | None = Field(default=None, ge=1,
                                               description="mean accepted length per step with MTP")
