@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated, Any
 
-from harness.schema import RelPath, StrictModel
+from pydantic import BeforeValidator, Field, ValidationInfo
+
+from harness.schema import RelPath, StrictModel, resolve_path
+
+
+def _profile_ref(value: Any, info: ValidationInfo) -> Any:
+    """A path-like profile reference (a .yaml file) resolves against the launch file's folder."""
+    if isinstance(value, str) and (value.endswith((".yaml", ".yml")) or "/" in value):
+        return str(resolve_path(value, info))
+    return value
 
 
 class FaultSettings(StrictModel):
@@ -24,7 +33,9 @@ class FaultSettings(StrictModel):
 
 class SimSettings(StrictModel):
     model_profile: str = Field(default="glm53", description="a profile name under harness/sim/profiles/")
-    hardware_profile: str = Field(default="h200", description="a profile name under harness/sim/profiles/")
+    hardware_profile: Annotated[str, BeforeValidator(_profile_ref)] = Field(
+        default="h200", description="a profile name under harness/data/sim/, or a .yaml file (a calibrated "
+        "profile from `harness calibrate`), relative to the launch file")
     time_scale: float = Field(default=1.0, gt=0,
                               description="simulated seconds per wall second; >1 runs faster than the GPU")
     tokenizer: RelPath | None = Field(default=None, description="tokenizer folder or tokenizer.json; "
@@ -41,9 +52,10 @@ class SimSettings(StrictModel):
     sparse_row_bytes: int | None = Field(default=None, gt=0,
                                          description="replaces the sparse-MLA row size (e.g. the "
                                          "calculator's 576 bytes)")
-    hisparse_miss_rate: float = Field(default=0.05, ge=0, le=1,
-                                      description="fraction of top-K rows from host-only pages that miss "
-                                      "the hot buffer each decode step once it is warm")
+    hisparse_miss_rate: float | None = Field(default=None, ge=0, le=1,
+                                             description="fraction of top-K rows from host-only pages that "
+                                             "miss the hot buffer each decode step once it is warm; default: "
+                                             "the hardware profile's calibrated value, else 0.05")
     # Run-to-run variation and injected regressions, so a nightly history with known changes can be made
     # in seconds: every step of a run takes step_time_scale x (one seeded draw of 1 + N(0, run_jitter)).
     step_time_scale: float = Field(default=1.0, gt=0, description="multiplies every step's duration "

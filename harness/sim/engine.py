@@ -59,6 +59,7 @@ class Engine:
         self._order = 0
         self._ids: set[str] = set()
         self._pending_h2d_bytes = 0.0
+        self._pending_pages = 0  # host pages the step in flight copies (HiSparse)
 
     @property
     def cpu_block_bytes(self) -> int:
@@ -103,13 +104,15 @@ class Engine:
                 else (0.0 if self.cpu else None)),
             hisparse_host_cache_usage_perc=(
                 1.0 - self.host.free_pages / self.host.capacity_pages if self.host else None),
-            hisparse_pending_page_transfers=0 if self.host else None,
+            # the copies of the step in flight; none once nothing runs
+            hisparse_pending_page_transfers=(self._pending_pages if self.running else 0) if self.host else None,
         )
 
     def step(self, now_s: float) -> StepResult:
         """Schedule and run one batch starting at `now_s`; idle (duration to the next ready time) if none."""
         scheduled, preempted = self._schedule(now_s)
         if not scheduled:
+            self._pending_pages = 0
             loading = [r.ready_at_s for r in self.running if r.ready_at_s > now_s]
             idle = (min(loading) - now_s) if loading else 0.0
             aborted = []
@@ -119,8 +122,10 @@ class Engine:
                 self._ids.discard(state.req.request_id)
                 aborted.append(state.req.request_id)
             return StepResult(now_s, idle, {}, [], preempted, 0, aborted)
-        items = [BatchItem(n, r.num_computed + n) for r, n in scheduled]
-        h2d = self.residency.step_transfers(scheduled) + self._pending_h2d_bytes
+        items = [BatchItem(n, r.num_computed + n, self._sampled(r, n), self._is_prefill(r)) for r, n in scheduled]
+        transfers = self.residency.step_transfers(scheduled)
+        self._pending_pages = transfers.pages
+        h2d = transfers.h2d_bytes + self._pending_h2d_bytes
         self._pending_h2d_bytes = 0.0
         cost = step_cost(items, model=self.config.model, hardware=self.config.hardware,
                          tensor_parallel_size=self.config.tensor_parallel_size,
@@ -142,6 +147,16 @@ class Engine:
         return StepResult(now_s, duration_s, tokens, finished, preempted, sum(n for _, n in scheduled))
 
     # ---------------------------------------------------------------- scheduling
+
+    @staticmethod
+    def _is_prefill(state: RequestState) -> bool:
+        return state.num_tokens - state.num_computed > 1 or state.num_output == 0
+
+    def _sampled(self, state: RequestState, n: int) -> int:
+        """Positions through the LM head: a decode step's every token, a prefill chunk's last if it ends it."""
+        if self._is_prefill(state):
+            return 1 if n >= state.num_tokens - state.num_computed else 0
+        return n
 
     def _tokens_wanted(self, state: RequestState) -> int:
         remaining = state.num_tokens - state.num_computed

@@ -1,5 +1,6 @@
-"""A launch profile (engine: sim) -> the engine's configuration: the same serve, kv and speculative
-settings a vLLM arm takes, plus the `sim:` section's profiles and scaling knobs."""
+"""A launch profile -> the engine's configuration: the same serve, kv and speculative settings a vLLM
+arm takes, plus the `sim:` section's profiles and scaling knobs. A vLLM arm's profile works too (its
+`sim:` section names the profiles that describe it), which is how `harness calibrate` replays a real run."""
 
 from __future__ import annotations
 
@@ -8,12 +9,23 @@ import random
 
 from harness.config import LaunchProfile
 from harness.config.sim import SimSettings
+from harness.errors import HarnessError
 from harness.sim.engine import EngineConfig, Policy
-from harness.sim.profiles import GIB, kv_sizing, load_hardware_profile, load_model_profile
+from harness.sim.profiles import (
+    GIB,
+    HISPARSE_FIELDS,
+    HardwareProfile,
+    ModelProfile,
+    kv_sizing,
+    load_hardware_profile,
+    load_model_profile,
+)
 
 # vLLM's defaults for an OpenAI server on a datacenter GPU when the profile leaves them out
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
+DEFAULT_HISPARSE_MISS_RATE = 0.05  # residency.py: our assumption until a run with HiSparse counters calibrates it
+CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # vLLM CPU's KV space in GiB (docs/facts.md §8)
 
 
 def draft_acceptance_for_mean(mean_length: float, num_speculative_tokens: int) -> float:
@@ -52,30 +64,58 @@ def stable_seed(*parts: str) -> int:
     return int.from_bytes(hashlib.sha256("\0".join(parts).encode()).digest()[:8], "big")
 
 
-def engine_config(profile: LaunchProfile, run_seed: int | None = None) -> EngineConfig:
+def _kv_bytes(profile: LaunchProfile) -> int | None:
+    """A KV space the profile fixes in bytes: --kv-cache-memory-bytes, or vLLM CPU's KV space variable."""
+    if profile.serve.kv_cache_memory_bytes is not None:
+        return profile.serve.kv_cache_memory_bytes
+    raw = profile.env.get(CPU_KV_SPACE_ENV)
+    if raw is None:
+        return None
+    try:
+        return int(float(raw) * GIB)
+    except ValueError:
+        raise HarnessError(f"env {CPU_KV_SPACE_ENV}={raw!r} is not a number of GiB") from None
+
+
+def engine_config(profile: LaunchProfile, run_seed: int | None = None, *, model: ModelProfile | None = None,
+                  hardware: HardwareProfile | None = None) -> EngineConfig:
+    """`model` and `hardware` replace the profiles the `sim:` section names (a calibration's trial values)."""
     sim = profile.sim or SimSettings()
     serve = profile.serve
-    model = load_model_profile(sim.model_profile)
-    hardware = load_hardware_profile(sim.hardware_profile)
+    model = model or load_model_profile(sim.model_profile)
+    hardware = hardware or load_hardware_profile(sim.hardware_profile)
+    block_size = serve.block_size or model.block_size_tokens
     pool_tokens = sim.kv_pool_tokens
     if pool_tokens is None and serve.num_gpu_blocks_override is not None:
-        pool_tokens = serve.num_gpu_blocks_override * model.block_size_tokens
+        pool_tokens = serve.num_gpu_blocks_override * block_size
     sizing = kv_sizing(model, hardware, tensor_parallel_size=serve.tensor_parallel_size,
                        kv_cache_dtype=serve.kv_cache_dtype, gpu_memory_utilization=serve.gpu_memory_utilization,
-                       sparse_row_bytes=sim.sparse_row_bytes, pool_tokens=pool_tokens)
+                       sparse_row_bytes=sim.sparse_row_bytes, pool_tokens=pool_tokens, block_size_tokens=block_size,
+                       kv_bytes=_kv_bytes(profile))
     k = profile.speculative.num_speculative_tokens if profile.speculative is not None else 0
-    acceptance = model.mtp_draft_acceptance
+    # an explicit mean acceptance wins, then the calibrated deployment's, then the model's assumption
+    acceptance = hardware.mtp_draft_acceptance or model.mtp_draft_acceptance
     if k and sim.mtp_acceptance_mean is not None:
         acceptance = draft_acceptance_for_mean(sim.mtp_acceptance_mean, k)
-    topk = sim.index_topk or model.index_topk
     hisparse = profile.kv.hisparse if policy_of(profile) == "hisparse" else None
     offload = profile.kv.offload
+    if hisparse is not None:
+        missing = [f for f in HISPARSE_FIELDS if getattr(model, f) is None]
+        if model.attention != "sparse_mla" or missing:
+            raise HarnessError(f"kv.hisparse: HiSparse needs a sparse-MLA model profile with "
+                               f"{', '.join(HISPARSE_FIELDS)}; sim profile {model.name} is {model.attention} "
+                               f"attention" + (f" without {', '.join(missing)}" if missing else ""))
+    topk = sim.index_topk or model.index_topk or 0
     hot_rows = (hisparse.device_buffer_size if hisparse and hisparse.device_buffer_size
                 else (k + 2) * topk if k else 2 * topk)  # (decode query length + 1) x top-K, docs/facts.md §2
+    miss_rate = sim.hisparse_miss_rate
+    if miss_rate is None:
+        miss_rate = hardware.hisparse_miss_rate if hardware.hisparse_miss_rate is not None else DEFAULT_HISPARSE_MISS_RATE
     return EngineConfig(
         model=model, hardware=hardware, sizing=sizing, policy=policy_of(profile),
-        max_num_seqs=serve.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
-        max_num_batched_tokens=serve.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        max_num_seqs=serve.max_num_seqs or hardware.default_max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+        max_num_batched_tokens=(serve.max_num_batched_tokens or hardware.default_max_num_batched_tokens
+                                or DEFAULT_MAX_NUM_BATCHED_TOKENS),
         max_model_len=serve.max_model_len or model.max_position_embeddings,
         tensor_parallel_size=serve.tensor_parallel_size,
         enable_prefix_caching=serve.enable_prefix_caching is not False,
@@ -83,5 +123,5 @@ def engine_config(profile: LaunchProfile, run_seed: int | None = None) -> Engine
         offload_cpu_bytes=offload.cpu_bytes if offload else None,
         offload_prompt_only=offload.offload_prompt_only is not False if offload else True,
         host_pool_bytes=int(hisparse.host_pool_gib * GIB) if hisparse else None,
-        hot_rows=hot_rows, hisparse_miss_rate=sim.hisparse_miss_rate, seed=sim.seed,
-        step_time_factor=run_speed_factor(sim, run_seed))
+        hot_rows=hot_rows, hisparse_miss_rate=miss_rate, seed=sim.seed,
+        step_time_factor=run_speed_factor(sim, run_seed), reply_history_ratio=hardware.reply_history_ratio or 1.0)

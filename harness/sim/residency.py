@@ -7,7 +7,12 @@ ceil(full block bytes / page bytes) pages; a request in mixed residency holds on
 tokens (the indexer KV never leaves the GPU) plus hot_groups x (ceil(hot_rows/64) + retained_pages)
 pages of hot buffer and retained tail, and its sparse-MLA rows live in the host pool.
 
-Miss model (configurable: sim.hisparse_miss_rate, default 0.05): each query token of a mixed request
+Offload connector (offload_prompt_only, vLLM's default true): only blocks inside the prompt are stored to
+the CPU pool; blocks a request generates stay on the GPU (prefix-cached there, hashed as vLLM hashes every
+full block) and are stored only when offload_prompt_only is false. A later turn re-sends the reply as
+part of its prompt, and those blocks are stored then.
+
+Miss model (sim.hisparse_miss_rate, else the hardware profile's calibrated rate, else 0.05): each query token of a mixed request
 selects min(top-K, context) rows per layer, spread uniformly over its context, so the share from
 host-only pages is (context - resident tail) / context. A cold hot buffer (the first step after the
 request turns mixed, and every prefill chunk) misses all of those; once warm, 5% miss. The blog gives no
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from harness.sim.state import KVPools, RequestState
+from harness.sim.state import KVPools, RequestState, StepTransfers
 
 
 class Residency:
@@ -206,11 +211,12 @@ class Residency:
         """Blocks completed in this step: hash them (prefix cache), store to CPU, mirror to the host."""
         pools, config, block_size = self.pools, self.config, self.block_size
         hashes = state.req.block_hashes
+        offloadable = state.req.prompt_tokens // block_size if config.offload_prompt_only else len(hashes)
         for i in range(before_tokens // block_size, state.num_computed // block_size):
             h = hashes[i] if i < len(hashes) else None
             if state.mode == "full" and h is not None and i < len(state.kv_blocks):
                 pools.gpu.set_hash(state.kv_blocks[i], h)
-            if pools.cpu is not None and h is not None and pools.cpu.lookup(h) is None:
+            if pools.cpu is not None and h is not None and i < offloadable and pools.cpu.lookup(h) is None:
                 stored = pools.cpu.allocate(1, 1, "kv")
                 if stored is not None:
                     pools.cpu.set_hash(stored[0], h)
@@ -254,13 +260,16 @@ class Residency:
 
     # ---------------------------------------------------------------- per-step transfers
 
-    def step_transfers(self, scheduled: list[tuple[RequestState, int]]) -> float:
-        """Host-to-device bytes the step waits for: hot-buffer misses of mixed requests."""
+    def step_transfers(self, scheduled: list[tuple[RequestState, int]]) -> StepTransfers:
+        """Host-to-device copies the step waits for: hot-buffer misses of mixed requests, in bytes and in
+        the host pages they come from (the misses spread uniformly over a request's host-only pages, so m
+        misses over P pages touch P * (1 - (1 - 1/P)^m) of them)."""
         config, counters = self.config, self.pools.counters
         layers = config.model.num_layers
-        tail = config.model.retained_pages * self.block_size
+        tail = (config.model.retained_pages or 0) * self.block_size
         decode_tokens = 1 + config.num_speculative_tokens
         total_bytes = 0.0
+        total_pages = 0.0
         for state, n in scheduled:
             if state.mode != "mixed":
                 continue
@@ -277,9 +286,12 @@ class Residency:
             nbytes = misses * layers * config.sizing.sparse_row_bytes
             counters.hisparse_host_to_device_bytes += nbytes
             total_bytes += nbytes
+            host_pages = math.ceil(host_only / self.block_size)
+            if misses and host_pages:
+                total_pages += host_pages * (1.0 - (1.0 - 1.0 / host_pages) ** misses)
             if n <= decode_tokens:
                 state.hot_warm = True
-        return total_bytes
+        return StepTransfers(h2d_bytes=total_bytes, pages=int(round(total_pages)))
 
     # ---------------------------------------------------------------- invariants
 

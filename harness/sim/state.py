@@ -35,6 +35,7 @@ class EngineConfig:
     hisparse_miss_rate: float = 0.05
     seed: int = 0
     step_time_factor: float = 1.0  # this run's speed: step_time_scale x its seeded jitter draw
+    reply_history_ratio: float = 1.0  # tokens a re-sent reply takes in the next prompt, per generated token
 
     @property
     def block_size(self) -> int:
@@ -51,14 +52,21 @@ class EngineConfig:
     @property
     def hot_pages_per_request(self) -> int:
         m = self.model
-        return m.hot_groups * (math.ceil(self.hot_rows / self.block_size) + m.retained_pages)
+        return (m.hot_groups or 0) * (math.ceil(self.hot_rows / self.block_size) + (m.retained_pages or 0))
+
+
+@dataclass(frozen=True)
+class StepTransfers:
+    h2d_bytes: float  # HiSparse hot-buffer misses the step waits for
+    pages: int        # host pages those copies come from: the step's pending page transfers
 
 
 @dataclass(frozen=True)
 class SimRequest:
     request_id: str
     prompt_tokens: int
-    block_hashes: tuple[int, ...]   # one per full block of the prompt, each covering its whole prefix
+    block_hashes: tuple[int, ...]   # one per full block (the prompt's, then the reply's where known), each
+                                    # covering its whole prefix
     max_tokens: int
     output_tokens: int              # what it will generate (max_tokens with ignore_eos)
 

@@ -110,7 +110,11 @@ def run_point(engine: Engine, conversations: list[ConversationShape], *, paralle
         client.start_s = now
         client.chunks = 0
         bs = engine.config.block_size
-        engine.add_request(SimRequest(client.request_id, prompt, hashes.prefix(shape.key, prompt // bs),
+        # the reply's blocks get hashes of their own: vLLM caches them (a preempted request finds them again)
+        # but the next turn re-sends the reply as text, re-tokenized (and without its reasoning), so that
+        # prompt is not assumed to match them; it matches this prompt's blocks
+        reply = tuple(hash((client.request_id, i)) for i in range(prompt // bs, (prompt + max_tokens) // bs))
+        engine.add_request(SimRequest(client.request_id, prompt, hashes.prefix(shape.key, prompt // bs) + reply,
                                       max_tokens, max_tokens), now)
         clients[client.request_id] = client
 
@@ -142,7 +146,9 @@ def run_point(engine: Engine, conversations: list[ConversationShape], *, paralle
                 conversation=client.conversation.key, turn=client.turn, prompt_tokens=done.prompt_tokens,
                 output_tokens=done.output_tokens, start_s=client.start_s, first_token_s=done.first_token_s,
                 end_s=now, chunks=client.chunks, preemptions=done.preemptions, cached_tokens=done.cached_tokens))
-            client.history_tokens = done.prompt_tokens + done.output_tokens  # the reply joins the history
+            # the reply joins the history as the client re-sends it: re-tokenized text, which can take more
+            # (or fewer) tokens than were generated (the calibrated profile's reply_history_ratio)
+            client.history_tokens = done.prompt_tokens + round(done.output_tokens * engine.config.reply_history_ratio)
             client.turn += 1
             if client.turn < len(client.conversation.turn_tokens):
                 send(client)
