@@ -13,9 +13,10 @@ from harness.report import evidence
 from harness.results import RunPaths, iter_points, read_manifest
 
 TPOT_TOLERANCE = 0.10
-FIGURE_ORDER = ("pareto", "occupancy", "acceptance")
+FIGURE_ORDER = ("pareto", "validation", "occupancy", "acceptance")
 FIGURE_TITLES = {"pareto": "Interactivity vs throughput (Pareto)", "occupancy": "Occupancy",
-                 "acceptance": "MTP acceptance length"}
+                 "acceptance": "MTP acceptance length",
+                 "validation": "Predicted vs measured (calibrated simulator, harness calibrate --validate)"}
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from harness.errors import HarnessError
 from harness.io import atomic_write_bytes
 from harness.report.labels import Label, place_labels
 from harness.report.timeseries import DeploymentTimeline, load_timeline
+from harness.report.validation import plot_validation
 from harness.results import iter_points, read_manifest
 from harness.summary import load_runs
 
@@ -320,6 +321,8 @@ def plot_runs(run_dirs: Iterable[Path | str], out_dir: Path, x: XAxis = "total")
     out_dir = Path(out_dir)
     written: list[Path] = []
     written += save_figure(build_pareto_figure(df, x), out_dir, "pareto")
+    if len(run_dirs) == 1:  # a validation run's predicted-vs-measured figure, beside its Pareto
+        written += plot_validation(run_dirs[0], out_dir)
     written += save_figure(build_occupancy_figure(df), out_dir, "occupancy")
     acceptance = build_acceptance_figure(df)
     if acceptance is not None:
