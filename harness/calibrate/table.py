@@ -77,6 +77,9 @@ class MeasurementTable(StrictModel):
 def load_table(path: Path) -> MeasurementTable:
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or "measurements" not in data:
+            raise HarnessError(f"{path}: not a measurement table (no `measurements:`); give a run folder or a "
+                               "table like harness/data/measurements/h200-public.yaml")
         return MeasurementTable.model_validate(data)
     except FileNotFoundError:
         raise HarnessError(f"{path}: no such measurement table") from None
