@@ -8,41 +8,21 @@ real /metrics. Select alone with `python -m pytest -m cpu_vllm`.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cpu_vllm_run import vllm_processes
 
 from harness.builds.kernels import DISPATCH_LINE, module_version, source_hash
 from harness.records import PointRecord
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm]
 
 REQUIRED_FAMILIES = ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
                      "vllm:prompt_tokens_total", "vllm:time_to_first_token_seconds",
                      "vllm:request_time_per_output_token_seconds")
-VLLM_MARKS = ("vllm.entrypoints", "EngineCore", "VLLM::")
-
-
-def vllm_processes() -> list[tuple[int, str]]:
-    """Every live process that is part of a vLLM server (API server, engine core, workers)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            comm = (entry / "comm").read_text().strip()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(mark in cmdline or mark in comm for mark in VLLM_MARKS):
-            found.append((int(entry.name), (comm + " " + cmdline)[:160]))
-    return found
+CONCURRENCIES = (1, 2, 4, 8)
 
 
 def family_names(scrapes: Path) -> set[str]:
@@ -54,23 +34,16 @@ def family_names(scrapes: Path) -> set[str]:
     return names
 
 
-@pytest.mark.timeout(900)  # a fresh machine first builds the environment (about 3.5 min)
-def test_cpu_vllm_sweep_end_to_end_through_ray(tmp_path):
-    before = {pid for pid, _ in vllm_processes()}  # servers not ours (another run) are left out
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "harness", "sweep", "sweeps/cpu-vllm.yaml", "--run-id", "cpu",
-                           "--results-dir", str(tmp_path / "results"), "--launcher", "ray"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=840)
-    wall_s = time.monotonic() - started
-    print(done.stdout[-4000:], f"\nsweep wall time {wall_s:.0f}s")
-    run_dir = tmp_path / "results/cpu"
+@pytest.mark.timeout(1200)  # the shared sweep (tests/cpu_vllm_run.py) may run in this test's setup; a fresh
+def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first builds the env (about 3.5 min)
+    before, done, run_dir = cpu_vllm_run.before, cpu_vllm_run.done, cpu_vllm_run.run_dir
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
     records = {}
     for path in run_dir.glob("points/*/p*/point.json"):
         record = PointRecord.model_validate_json(path.read_bytes())
         records[(record.deployment, record.parallel)] = record
-    assert sorted(records) == [(d, c) for d in ("cpu-baseline", "cpu-pressured") for c in (1, 2, 4)]
+    assert sorted(records) == [(d, c) for d in ("cpu-baseline", "cpu-pressured") for c in CONCURRENCIES]
     for key, record in records.items():
         assert record.status == "ok", (key, record.reason)
         assert not record.simulated

@@ -1,0 +1,60 @@
+"""One real run of sweeps/cpu-vllm.yaml per test session, shared by every test that needs it (the sweep
+itself in test_cpu_vllm.py, the calibration against it in test_calibrate_cpu_vllm.py): vLLM on 2 CPU cores
+is the slowest thing the suite does, so it runs once. tests/conftest.py makes the fixture visible."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_MARKS = ("vllm.entrypoints", "EngineCore", "VLLM::")
+RUN_ID = "cpu"
+
+
+def vllm_processes() -> list[tuple[int, str]]:
+    """Every live process that is part of a vLLM server (API server, engine core, workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            comm = (entry / "comm").read_text().strip()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(mark in cmdline or mark in comm for mark in VLLM_MARKS):
+            found.append((int(entry.name), (comm + " " + cmdline)[:160]))
+    return found
+
+
+@dataclass(frozen=True)
+class CpuVllmRun:
+    run_dir: Path
+    results_root: Path
+    done: subprocess.CompletedProcess
+    wall_s: float
+    before: frozenset[int]   # vLLM processes that were not ours (another run) when the sweep started
+    load_avg: tuple[float, float]  # 1-minute load average before and after: the machine's share of the noise
+
+
+@pytest.fixture(scope="session")
+def cpu_vllm_run(tmp_path_factory: pytest.TempPathFactory) -> CpuVllmRun:
+    results = tmp_path_factory.mktemp("cpu-vllm") / "results"
+    before = frozenset(pid for pid, _ in vllm_processes())
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "harness", "sweep", "sweeps/cpu-vllm.yaml", "--run-id", RUN_ID,
+                           "--results-dir", str(results), "--launcher", "ray"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=1140)
+    wall_s = time.monotonic() - started
+    print(done.stdout[-4000:], f"\nsweep wall time {wall_s:.0f}s")
+    return CpuVllmRun(run_dir=results / RUN_ID, results_root=results, done=done, wall_s=wall_s, before=before,
+                      load_avg=(load_before, os.getloadavg()[0]))

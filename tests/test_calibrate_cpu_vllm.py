@@ -1,0 +1,79 @@
+"""The simulator against a real engine nobody here wrote: calibrate it on two points of the real vLLM-on-CPU
+sweep (the session's one run, tests/cpu_vllm_run.py), simulate the whole sweep with the calibrated profile,
+and hold it to the points it never saw (docs/calibration.md). TPOT is the server's histogram: on these 2
+cores the client's is unreliable (docs/tpot.md)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+from cpu_vllm_run import ROOT
+
+from harness.calibrate.validate import TOLERANCE, read_validation, validation_table
+from harness.sim.profiles import ValidationRow, load_hardware_profile
+
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm]
+
+CALIBRATION_POINTS = ("cpu-baseline:c1", "cpu-baseline:c4")
+HELD_OUT = ("cpu-baseline:c2", "cpu-baseline:c8", "cpu-pressured:c1", "cpu-pressured:c2", "cpu-pressured:c4",
+            "cpu-pressured:c8")
+
+
+def _misses(row: ValidationRow) -> list[str]:
+    out = []
+    for what, predicted, measured in (("TPOT", row.tpot_ms_predicted, row.tpot_ms_measured),
+                                      ("total throughput", row.total_tok_s_predicted, row.total_tok_s_measured)):
+        rel = ValidationRow.rel(predicted, measured)
+        if rel is None or abs(rel) > TOLERANCE:
+            out.append(f"{row.point}: {what} {predicted} vs {measured} measured")
+    if row.occupancy_predicted is None or row.occupancy_measured is None or \
+            abs(row.occupancy_predicted - row.occupancy_measured) > 1.0:
+        out.append(f"{row.point}: occupancy {row.occupancy_predicted} vs {row.occupancy_measured} measured")
+    if row.point.startswith("cpu-pressured") and \
+            bool(row.preemptions_predicted) != bool(row.preemptions_measured):
+        out.append(f"{row.point}: preemptions {row.preemptions_predicted} vs {row.preemptions_measured} measured")
+    return out
+
+
+@pytest.mark.timeout(1500)  # the shared sweep may run in this test's setup (about 5 min, more on a fresh machine)
+def test_calibrated_simulator_predicts_the_held_out_points_of_a_real_vllm(cpu_vllm_run, tmp_path):
+    assert cpu_vllm_run.done.returncode == 0, cpu_vllm_run.done.stdout[-3000:] + cpu_vllm_run.done.stderr[-3000:]
+    out = tmp_path / "cpu-calibrated.yaml"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "harness", "calibrate", str(cpu_vllm_run.run_dir), "--out", str(out),
+                           "--points", ",".join(CALIBRATION_POINTS), "--validate",
+                           "--results-dir", str(tmp_path / "results")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(done.stdout[-6000:], f"\ncalibrate + validate wall time {time.monotonic() - started:.0f}s, load average "
+          f"{cpu_vllm_run.load_avg[0]:.1f} before the sweep, {cpu_vllm_run.load_avg[1]:.1f} after")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    profile = load_hardware_profile(str(out))
+    calibration = profile.calibration
+    assert calibration is not None and calibration.source_kind == "run" and calibration.run_id == cpu_vllm_run.run_dir.name
+    assert calibration.points == list(CALIBRATION_POINTS)
+    assert calibration.method.startswith("scipy.optimize.least_squares")
+    assert {(f.point, f.quantity) for f in calibration.fit} == {(p, q) for p in CALIBRATION_POINTS
+                                                                  for q in ("tpot_ms", "prefill_ms")}
+    for name in calibration.fitted:
+        assert profile.sources[name].startswith("calibrated:"), (name, profile.sources[name])
+    # how long a re-sent reply is comes straight from EvalScope's records: the random model's text re-tokenizes
+    # longer than the 512 tokens it was generated as
+    assert profile.reply_history_ratio is not None and 1.0 < profile.reply_history_ratio < 1.5
+    assert "reply_history_ratio" in calibration.direct
+
+    # the comparison is in the profile's provenance and beside the Pareto in the validation run's report
+    rows = {r.point: r for r in calibration.validation}
+    assert set(rows) == set(CALIBRATION_POINTS) | set(HELD_OUT)
+    assert {p for p, r in rows.items() if r.held_out} == set(HELD_OUT)
+    validation_run = tmp_path / f"results/{cpu_vllm_run.run_dir.name}-validate"
+    assert read_validation(validation_run).rows == calibration.validation
+    figures = [line for line in (validation_run / "report.md").read_text().splitlines() if line.startswith("![")]
+    assert figures[0].endswith("pareto.png)") and figures[1].endswith("validation.png)"), figures
+
+    misses = [m for point in HELD_OUT for m in _misses(rows[point])]
+    assert not misses, "held-out points outside the bounds:\n" + "\n".join(misses) + "\n\n" + \
+        validation_table(calibration.validation) + f"\n(load average {cpu_vllm_run.load_avg})"
