@@ -281,6 +281,8 @@ class DeploymentRecord(Record):
     restarts: int = 0
     base_url: str | None = None
     node: str | None = None
+    server_pid: int | None = None
+    pidfile: str | None = None  # on the server's node (its reaper reads it there)
     server_version: dict[str, str] = Field(default_factory=dict)
     build: BuildRecord | None = None
     weights: WeightsRecord | None = None  # a hub model fetched onto the server nodes

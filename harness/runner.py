@@ -320,6 +320,7 @@ class _Server:
         if self.starts > 1:
             recorder.count_restart(self.dep.name)
         fields: dict = {"base_url": self.handle.base_url, "node": self.handle.node_id,
+                        "server_pid": self.handle.pid, "pidfile": self.handle.pidfile,
                         "server_version": provenance.server_version(self.handle.base_url)}
         if self.handle.build_provenance:
             fields["build"] = _build_record(self.dep, self.handle.build_provenance)

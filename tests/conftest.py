@@ -1,3 +1,60 @@
-"""Fixtures shared across test modules. The real vLLM-on-CPU sweep runs once per session (tests/cpu_vllm_run.py)."""
+"""Suite-wide fixtures and checks.
+
+- The real vLLM-on-CPU sweep runs once per session (tests/cpu_vllm_run.py) and is shared.
+- The test run leaves no server or client process behind: every process this session starts
+  inherits a marker in its environment, so the check finds this session's leftovers only (not
+  another run's on a shared machine), orphans included.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
 
 from cpu_vllm_run import cpu_vllm_run  # noqa: F401  (a session fixture: every module that asks shares one run)
+
+MARKER = "HISPARSE_TEST_SESSION"
+os.environ.setdefault(MARKER, uuid.uuid4().hex)
+# Command-line fragments of the processes the harness starts (servers, clients).
+HARNESS_CHILDREN = ("evalscope", "serve-sim", "vllm.entrypoints", "fake_openai.py", "harness sweep")
+
+
+def _matching() -> dict[int, str]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            ours = f"{MARKER}={os.environ[MARKER]}".encode() in (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if ours and state not in ("Z", "X") and any(fragment in cmdline for fragment in HARNESS_CHILDREN):
+            found[int(entry.name)] = cmdline.strip()[:200]
+    return found
+
+
+_BEFORE: dict[int, str] = {}
+
+
+def pytest_sessionstart(session):
+    _BEFORE.update(_matching())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    deadline = time.monotonic() + 30  # teardowns of the last tests may still be finishing
+    while True:
+        left = {pid: cmd for pid, cmd in _matching().items() if pid not in _BEFORE}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"  pid {pid}: {cmd}" for pid, cmd in sorted(left.items())]
+        message = "the test run left processes behind:\n" + "\n".join(lines)
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = 1

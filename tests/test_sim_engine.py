@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_sim_support import REPO
+from sim_support import REPO
 
 from harness.config import DatasetRecipe, LaunchProfile, load_launch
 from harness.sim.engine import Engine, SimRequest

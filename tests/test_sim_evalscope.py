@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from test_sim_support import profile, sim_server
+from sim_support import profile, sim_server
 
 HISPARSE_KV = {"hisparse": {"host_pool_gib": 384},
                "offload": {"spec": "TieringOffloadingSpec", "cpu_bytes": "128GiB"}}

@@ -7,7 +7,7 @@ import time
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from test_sim_support import chat_body, profile, read_sse, sim_server
+from sim_support import chat_body, profile, read_sse, sim_server
 
 
 def test_exit_after_requests_kills_the_process(tmp_path):

@@ -9,7 +9,7 @@ import sys
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from test_sim_support import REPO, chat_body, profile, read_sse, sim_server
+from sim_support import REPO, chat_body, profile, read_sse, sim_server
 
 from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import yaml
-from test_sim_support import REPO
+from sim_support import REPO
 
 from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
 from harness.metrics.prom import parse_exposition

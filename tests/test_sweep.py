@@ -5,85 +5,27 @@ Every sweep runs as `python -m harness sweep` in a subprocess, as a user runs it
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from procutil import running
+from sweep_support import (
+    ROOT,
+    descendants,
+    points_of,
+    run_sweep,
+    sweep_argv,
+    tree_digest,
+    wait_for,
+    write_sweep,
+)
 
-from harness.records import PointRecord
-
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
-
-RECIPE = f"""
-name: tiny-sweep
-source: {{kind: sample, path: {ROOT}/harness/data/samples/openhands-sample.jsonl}}
-tokenizer: {ROOT}/harness/data/tokenizers/harness-bpe
-pad: {{kind: synthetic}}
-first_turn_length: 300
-subsequent_turn_length: 40
-num_turns: 2
-conversations: 12
-assumed_output_length: 64
-"""
-
-
-def write_sweep(tmp_path: Path, arms: dict[str, str], points: list[tuple[int, int]],
-                policy: str = "continue") -> Path:
-    """A small sweep over simulated arms; each arm's text is appended to a profile extending sim-hisparse."""
-    (tmp_path / "recipe.yaml").write_text(RECIPE)
-    deployments = []
-    for name, extra in arms.items():
-        (tmp_path / f"{name}.yaml").write_text(f"extends: {ROOT}/launch/sim-hisparse.yaml\n{extra}")
-        deployments.append(f"  - {{name: {name}, launch: {name}.yaml}}")
-    point_lines = "\n".join(f"    - {{parallel: {p}, number: {n}}}" for p, n in points)
-    (tmp_path / "sweep.yaml").write_text(f"""
-name: tiny
-dataset: recipe.yaml
-gpus_per_server: 8
-on_point_failure: {policy}
-client:
-  max_tokens: 64
-  extra_args: {{ignore_eos: true}}
-  timeout_s: 300
-  points:
-{point_lines}
-scrape: {{interval_s: 0.25}}
-deployments:
-{chr(10).join(deployments)}
-""")
-    return tmp_path / "sweep.yaml"
-
-
-def sweep_argv(sweep: Path, run_id: str, launcher: str = "local", *extra: str) -> list[str]:
-    return [sys.executable, "-m", "harness", "sweep", str(sweep), "--run-id", run_id,
-            "--results-dir", str(sweep.parent / "results"), "--launcher", launcher, "--no-report", *extra]
-
-
-def run_sweep(sweep: Path, run_id: str, launcher: str = "local", *extra: str,
-              timeout_s: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(sweep_argv(sweep, run_id, launcher, *extra), capture_output=True, text=True,
-                          timeout=timeout_s, cwd=ROOT)
-
-
-def points_of(run_dir: Path) -> dict[tuple[str, int], PointRecord]:
-    out = {}
-    for path in run_dir.glob("points/*/p*/point.json"):
-        record = PointRecord.model_validate_json(path.read_bytes())
-        out[(record.deployment, record.parallel)] = record
-    return out
-
-
-def tree_digest(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def test_local_sweep_runs_every_point_and_resume_skips_them(tmp_path):
@@ -166,33 +108,6 @@ def test_malformed_metrics_are_recorded_not_fatal(tmp_path):
     assert any("error" in json.loads(line) for line in lines)
 
 
-def _descendants(pid: int) -> set[int]:
-    found, frontier = set(), [pid]
-    while frontier:
-        parent = frontier.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = (task / "children").read_text().split()
-            except OSError:
-                continue
-            for child in map(int, children):
-                if child not in found:
-                    found.add(child)
-                    frontier.append(child)
-    return found
-
-
-
-
-def _wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupt_leaves_no_childrunning(tmp_path, signum):
     sweep = write_sweep(tmp_path, {"hs": ""}, [(1, 4), (2, 4)])
@@ -200,11 +115,11 @@ def test_interrupt_leaves_no_childrunning(tmp_path, signum):
     seen: set[int] = set()
     try:
         def point_running() -> bool:
-            seen.update(_descendants(proc.pid))
+            seen.update(descendants(proc.pid))
             return any((tmp_path / "results/s1/points/hs/p1/evalscope").glob("attempt-*/evalscope.log"))
-        assert _wait_for(point_running, 180), "the first point never started"
+        assert wait_for(point_running, 180), "the first point never started"
         time.sleep(1.0)
-        seen.update(_descendants(proc.pid))
+        seen.update(descendants(proc.pid))
         assert len(seen) >= 2  # the server and EvalScope at least
         os.kill(proc.pid, signum)
         proc.wait(timeout=120)
@@ -212,7 +127,7 @@ def test_interrupt_leaves_no_childrunning(tmp_path, signum):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert _wait_for(lambda: not any(running(p) for p in seen), 30), \
+    assert wait_for(lambda: not any(running(p) for p in seen), 30), \
         f"still alive: {[p for p in seen if running(p)]}"
 
 
@@ -221,13 +136,22 @@ def test_resume_after_the_harness_is_killed(tmp_path):
     proc = subprocess.Popen(sweep_argv(sweep, "k1"), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     first = tmp_path / "results/k1/points/hs/p1/point.json"
+    second_client = tmp_path / "results/k1/points/hs/p2/evalscope/attempt-1/evalscope.log"
+    children: set[int] = set()
     try:
-        assert _wait_for(first.exists, 240), "the first point never finished"
-        os.killpg(proc.pid, signal.SIGKILL)  # the harness and everything it started, without cleanup
+        assert wait_for(first.exists, 240), "the first point never finished"
+        assert wait_for(second_client.exists, 120), "the second point's client never started"
+        time.sleep(1.0)
+        children = descendants(proc.pid)  # the server and the running EvalScope, in sessions of their own
+        assert len(children) >= 2
+        os.kill(proc.pid, signal.SIGKILL)  # the harness alone, without any cleanup
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    # its children die with it (parent-death signal), the client included: nothing keeps running
+    assert wait_for(lambda: not any(running(p) for p in children), 30), \
+        f"still alive after the harness was killed: {[p for p in children if running(p)]}"
     before = tree_digest(first.parent)
     done = run_sweep(sweep, "k1")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -186,6 +186,10 @@ class ServerHandle(ABC):
     build_provenance: dict | None = None  # set where the server's node prepared its own build
     model_path: str | None = None  # the fetched model the server loads (its node's copy), if fetched
     api_key: str | None = None  # what clients of this server must send (readiness, health, scrapes, load)
+    pidfile: str | None = None  # where the server's pidfile lies, on its node
+
+    def sync_log(self) -> None:  # noqa: B027  (a hook: only handles of servers on other nodes act)
+        """Bring log_path up to date where the server logs elsewhere (another node); else nothing."""
 
     @property
     def base_url(self) -> str:
@@ -203,10 +207,6 @@ class ServerHandle(ABC):
     def log_tail(self, n: int = LOG_TAIL_LINES) -> list[str]:
         return read_log_tail(self.log_path, n)
 
-    @abstractmethod
-    def stop(self, grace_s: float = 15) -> None:
-        """TERM the whole tree, wait grace_s, KILL; raises ServerStopError if anything survives."""
-
     def start_gpu_telemetry(self, out_path: Path, interval_s: float) -> None:
         """Sample the server's GPUs into `out_path` (gpu.jsonl) from the process that owns the server:
         here, for a server this process started; the Ray handle asks its actor on the server's node."""
@@ -215,6 +215,10 @@ class ServerHandle(ABC):
     def stop_gpu_telemetry(self) -> GpuTelemetry:
         sampler, self._gpu_sampler = getattr(self, "_gpu_sampler", None), None
         return sampler.stop() if sampler is not None else GpuTelemetry(reason="not sampled")
+
+    @abstractmethod
+    def stop(self, grace_s: float = 15) -> None:
+        """TERM the whole tree, wait grace_s, KILL; raises ServerStopError if anything survives."""
 
 
 class Launcher(ABC):

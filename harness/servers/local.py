@@ -30,6 +30,7 @@ class LocalServerHandle(ServerHandle):
         self.cuda_visible_devices = server.spec.env.get("CUDA_VISIBLE_DEVICES",
                                                         os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.api_key = server.spec.api_key
+        self.pidfile = str(server.pidfile) if server.pidfile else None
 
     def healthy(self, timeout_s: float = 5) -> bool:
         return self.alive() and http_healthy(self.base_url, timeout_s, self.api_key)

@@ -6,9 +6,10 @@ process.py in a session of its own. That session escapes the actor's process gro
 `ray.kill(actor)` alone would leave the server running: stop() always asks the actor to stop the
 tree first (docs/facts.md §7).
 
-Logs go straight to spec.log_path from the actor's node: on a single node (and local clusters)
-that is the harness's filesystem; a multi-node cluster needs a shared results path or log
-shipping. Pidfiles are likewise written on the server's node.
+A server on the driver's node logs straight into the run folder; on another node it logs to that
+node's temp folder and the driver ships the lines back through Ray (LogShipper), so the driver's
+run folder holds every server log whatever the filesystem. Pidfiles stay on the server's node
+(its reaper needs them there); their path is reported back and recorded.
 
 Import this module only inside a command's run function: it imports ray.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -49,6 +52,7 @@ from harness.telemetry import GpuSampler
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 _ACTOR_START_TIMEOUT_S = 120  # worker process start + the server's spawn, before readiness
 _CONTROL_TIMEOUT_S = 30
+_SHIP_CHUNK_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,8 @@ class ActorServerInfo:
     node_ip: str
     cuda_visible_devices: str | None
     model_path: str | None = None  # the fetched model on this node, where the argv needed one
+    node_log_path: str | None = None  # on another node than the driver: the log there, shipped back
+    pidfile: str | None = None  # on the server's node
 
 
 @dataclass(frozen=True)
@@ -75,10 +81,17 @@ class ServerActor:
     """Runs inside the Ray worker: owns one ServerProcess. Threaded (max_concurrency > 1) so that
     stop() and alive() answer while wait_ready() is still polling."""
 
-    def __init__(self, spec: ServerSpec, owner: Owner):
-        self._spec = spec
+    def __init__(self, spec: ServerSpec, owner: Owner, driver_node_id: str | None = None):
         self._owner = owner
         self._server: ServerProcess | None = None
+        # On another node the driver's run folder may not exist: log to this node, and the driver
+        # ships the lines back (log_chunk), so its run folder is complete whatever the filesystem.
+        self._node_log: Path | None = None
+        if driver_node_id is not None and ray.get_runtime_context().get_node_id() != driver_node_id:
+            self._node_log = (Path(tempfile.gettempdir()) / "hisparse-harness" / "server-logs"
+                              / f"{spec.name}-{uuid.uuid4().hex[:8]}.log")
+            spec = replace(spec, log_path=self._node_log)
+        self._spec = spec
 
     def prepare(self) -> PreparedServer | StartFailure:
         """The spec's preparation (the server's build), here on the server's node."""
@@ -109,7 +122,9 @@ class ServerActor:
         return ActorServerInfo(host=connect_host, port=port, pid=self._server.pid,
                                start_ticks=self._server.start_ticks, node_id=node_id, node_ip=node_ip,
                                cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-                               model_path=self._spec.model_paths.get(node_id))
+                               model_path=self._spec.model_paths.get(node_id),
+                               node_log_path=str(self._node_log) if self._node_log else None,
+                               pidfile=str(self._server.pidfile) if self._server.pidfile else None)
 
     def wait_ready(self) -> StartFailure | None:
         try:
@@ -132,8 +147,53 @@ class ServerActor:
         sampler, self._gpu_sampler = getattr(self, "_gpu_sampler", None), None
         return sampler.stop() if sampler is not None else GpuTelemetry(reason="not sampled")
 
+    def log_chunk(self, offset: int, max_bytes: int = _SHIP_CHUNK_BYTES) -> bytes:
+        """The node-local log from `offset` (at most max_bytes), for the driver to append."""
+        try:
+            with open(self._spec.log_path, "rb") as fh:
+                fh.seek(offset)
+                return fh.read(max_bytes)
+        except FileNotFoundError:
+            return b""
+
     def stop(self, grace_s: float) -> Teardown:
         return self._server.stop(grace_s) if self._server is not None else Teardown()
+
+
+class LogShipper(threading.Thread):
+    """Appends a server's node-local log to the driver's copy, every interval and on demand."""
+
+    def __init__(self, actor, dest: Path, interval_s: float = 1.0):
+        super().__init__(name=f"log-ship:{dest.name}", daemon=True)
+        self.actor, self.dest, self.interval_s = actor, Path(dest), interval_s
+        self.offset = 0
+        self._lock = threading.Lock()
+        self._stop_event = threading.Event()
+
+    def sync(self) -> None:
+        """Ship everything written so far (best effort: an unreachable actor ships nothing more)."""
+        with self._lock:
+            while True:
+                try:
+                    chunk = ray.get(self.actor.log_chunk.remote(self.offset), timeout=_CONTROL_TIMEOUT_S)
+                except RayError:
+                    return
+                if not chunk:
+                    return
+                self.dest.parent.mkdir(parents=True, exist_ok=True)
+                with self.dest.open("ab") as fh:
+                    fh.write(chunk)
+                self.offset += len(chunk)
+                if len(chunk) < _SHIP_CHUNK_BYTES:
+                    return
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval_s):
+            self.sync()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.sync()
 
 
 class RayServerHandle(ServerHandle):
@@ -154,7 +214,17 @@ class RayServerHandle(ServerHandle):
         self.log_path = Path(spec.log_path)
         self.cuda_visible_devices = info.cuda_visible_devices
         self.model_path = info.model_path
+        self.pidfile = info.pidfile
         self.api_key = spec.api_key
+        self._shipper: LogShipper | None = None
+        if info.node_log_path is not None:
+            self._shipper = LogShipper(actor, self.log_path)
+            self._shipper.start()
+
+    def sync_log(self) -> None:
+        """Bring the driver's copy of the server log up to date (a no-op when the server is local)."""
+        if self._shipper is not None:
+            self._shipper.sync()
 
     def healthy(self, timeout_s: float = 5) -> bool:
         return http_healthy(self.base_url, timeout_s, self.api_key)
@@ -192,6 +262,8 @@ class RayServerHandle(ServerHandle):
         except RayError as exc:
             teardown = self._stop_without_actor(grace_s, exc)
         finally:
+            if self._shipper is not None:  # the last lines, before the actor (and its node's log) goes
+                self._shipper.stop()
             _kill_quietly(self._actor)
             _remove_quietly(self._pg)
             self._stopped = True
@@ -349,7 +421,7 @@ class RayLauncher(Launcher):
             num_gpus=spec.gpus, num_cpus=1, max_concurrency=4, max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
                                                                  placement_group_bundle_index=0),
-        ).remote(spec, Owner.current())
+        ).remote(spec, Owner.current(), self._driver_node_id)
         prepared = PreparedServer()
         if spec.prepare is not None:  # a build can take minutes: no timeout but Ctrl-C
             prepared = _before_the_server(spec, actor, pg, actor.prepare, None, "preparing the node")
@@ -373,6 +445,7 @@ class RayLauncher(Launcher):
         if failure is not None:
             self._stop_after_failed_start(handle)
             raise ServerStartError(spec.name, failure.reason, spec.log_path, failure.log_tail)
+        handle.sync_log()  # what the server printed up to readiness is in the driver's run folder now
         return handle
 
     def _stop_after_failed_start(self, handle: RayServerHandle) -> None:

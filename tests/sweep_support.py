@@ -1,0 +1,104 @@
+"""Helpers for the end-to-end sweep tests: a small sweep over simulated arms, `harness sweep` as a
+subprocess, reading the run folder back, and process checks."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.records import PointRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+
+RECIPE = f"""
+name: tiny-sweep
+source: {{kind: sample, path: {ROOT}/harness/data/samples/openhands-sample.jsonl}}
+tokenizer: {ROOT}/harness/data/tokenizers/harness-bpe
+pad: {{kind: synthetic}}
+first_turn_length: 300
+subsequent_turn_length: 40
+num_turns: 2
+conversations: 12
+assumed_output_length: 64
+"""
+
+
+def write_sweep(tmp_path: Path, arms: dict[str, str], points: list[tuple[int, int]],
+                policy: str = "continue") -> Path:
+    """A small sweep over simulated arms; each arm's text is appended to a profile extending sim-hisparse."""
+    (tmp_path / "recipe.yaml").write_text(RECIPE)
+    deployments = []
+    for name, extra in arms.items():
+        (tmp_path / f"{name}.yaml").write_text(f"extends: {ROOT}/launch/sim-hisparse.yaml\n{extra}")
+        deployments.append(f"  - {{name: {name}, launch: {name}.yaml}}")
+    point_lines = "\n".join(f"    - {{parallel: {p}, number: {n}}}" for p, n in points)
+    (tmp_path / "sweep.yaml").write_text(f"""
+name: tiny
+dataset: recipe.yaml
+gpus_per_server: 8
+on_point_failure: {policy}
+client:
+  max_tokens: 64
+  extra_args: {{ignore_eos: true}}
+  timeout_s: 300
+  points:
+{point_lines}
+scrape: {{interval_s: 0.25}}
+deployments:
+{chr(10).join(deployments)}
+""")
+    return tmp_path / "sweep.yaml"
+
+
+def sweep_argv(sweep: Path, run_id: str, launcher: str = "local", *extra: str) -> list[str]:
+    return [sys.executable, "-m", "harness", "sweep", str(sweep), "--run-id", run_id,
+            "--results-dir", str(sweep.parent / "results"), "--launcher", launcher, "--no-report", *extra]
+
+
+def run_sweep(sweep: Path, run_id: str, launcher: str = "local", *extra: str,
+              timeout_s: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(sweep_argv(sweep, run_id, launcher, *extra), capture_output=True, text=True,
+                          timeout=timeout_s, cwd=ROOT)
+
+
+def points_of(run_dir: Path) -> dict[tuple[str, int], PointRecord]:
+    out = {}
+    for path in run_dir.glob("points/*/p*/point.json"):
+        record = PointRecord.model_validate_json(path.read_bytes())
+        out[(record.deployment, record.parallel)] = record
+    return out
+
+
+def tree_digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def descendants(pid: int) -> set[int]:
+    found, frontier = set(), [pid]
+    while frontier:
+        parent = frontier.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    frontier.append(child)
+    return found
+
+
+
+
+def wait_for(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
