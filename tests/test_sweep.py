@@ -185,7 +185,7 @@ def test_deployments_run_at_once_on_a_multi_node_ray_cluster(tmp_path):
 
 def test_secrets_never_reach_the_run_folder_of_sweep_or_simulate(tmp_path):
     sweep = write_sweep(tmp_path, {"hs": "env: {HF_TOKEN: hf-SECRET-ONE}\n"
-                                         "extra_args: ['--api-key', 'sk-SECRET-THREE']\n"}, [(1, 1)])
+                                         "extra_args: ['--hf-token', 'hf-SECRET-THREE']\n"}, [(1, 1)])
     text = sweep.read_text().replace("  timeout_s: 300\n",
                                      "  timeout_s: 300\n  evalscope_args: [--api-key, sk-SECRET-TWO]\n")
     sweep.write_text(text)
