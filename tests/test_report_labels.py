@@ -7,7 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from harness.report.plots import FIGURE_DPI, build_occupancy_figure, build_pareto_figure
+from harness.report.figures import FIGURE_DPI
+from harness.report.plots import build_occupancy_figure, build_pareto_figure
 
 # The simulated blog sweep (harness simulate sweeps/tp8.yaml): the offload arm's c8-c32 sit within a
 # few pixels of one another, and the HiSparse arm's c24 and c32 nearly coincide next to its c16.

@@ -13,18 +13,17 @@ console scripts (which name the temporary folder) never matter.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from harness.builds.cached import build_once
 from harness.builds.envs import BuildStep, _run_step
 from harness.builds.probe import BuildError
 from harness.config.sweep import evalscope_spec_parts
@@ -133,26 +132,16 @@ def ensure_client(spec: str, clients_dir: Path | None = None, progress: Progress
     """The pinned EvalScope's environment: reused when built, else built now (one builder at a time)."""
     root = (clients_dir or DEFAULT_CLIENTS_DIR).expanduser()
     final = client_env_dir(spec, root)
-    found = read_client_marker(final)
-    if found is not None:
-        return found
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = read_client_marker(final)
-        if found is not None:
-            return found
-        if final.exists():  # no marker: a broken leftover, never built in place
-            shutil.rmtree(final)
-        for stale in root.glob(f".tmp-{final.name}-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=root))
+
+    def build(tmp: Path) -> ClientEnv:
         progress(f"building EvalScope {spec} into {final} (once; reused after)")
         try:
-            env = _build_into(spec, tmp, final, progress)
-            tmp.rename(final)
+            return _build_into(spec, tmp, final, progress)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
             (root / f".{tmp.name}.log").unlink(missing_ok=True)
+
+    env, created = build_once(final, find=lambda: read_client_marker(final), build=build)
+    if not created:
+        return env
     progress(f"built EvalScope {env.evalscope_version} in {env.build_s:.0f}s")
     return env

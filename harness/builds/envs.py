@@ -19,19 +19,18 @@ makes environments and finds them.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.builds.cached import build_once
 from harness.builds.kernels import (
     KernelIdentity,
     dropin_recipe_step,
@@ -376,25 +375,17 @@ def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress
         return found
     if spec.kind == "git":
         _refuse_cuda_here(spec, final, progress, built=False, cache_dir=cache_dir)
-    envs_dir.mkdir(parents=True, exist_ok=True)
-    # one builder per environment: a second harness waits here, then finds the first one's result
-    with open(envs_dir / f".{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = read_marker(final)
-        if found is not None:
-            return found
-        if final.exists():  # no marker: not ours or broken; never built in place, so clear it
-            shutil.rmtree(final)
-        for stale in envs_dir.glob(f".tmp-{final.name}-*"):  # left by a killed build
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=envs_dir))
+
+    def build(tmp: Path) -> BuildEnv:
         progress(f"building {spec.vllm} into {final} (once; reused after)")
         try:
-            env = _build_into(spec, tmp, final, progress)
-            tmp.rename(final)
+            return _build_into(spec, tmp, final, progress)
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
             (envs_dir / f".{tmp.name}.log").unlink(missing_ok=True)
+
+    env, created = build_once(final, find=lambda: read_marker(final), build=build)
+    if not created:
+        return env
     progress(f"built {env.describe()} (torch {env.torch_version}) in {env.build_s:.0f}s, "
              f"{(env.size_bytes or 0) / 2**30:.1f} GiB")
     return env

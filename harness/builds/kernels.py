@@ -18,13 +18,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from harness.builds.cached import build_once
 from harness.errors import HarnessError
 
 Progress = Callable[[str], None]
@@ -273,34 +273,31 @@ def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None
     key = overlay_key(sha, torch_version, py_version, cuda_arch)
     root = (cache_root or DEFAULT_CACHE_ROOT).expanduser() / "kernels"
     final = root / key
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / f".{key}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds it built
-        if (final / MARKER).is_file():
-            marker = json.loads((final / MARKER).read_text(encoding="utf-8"))
-            return KernelOverlay(final, KernelIdentity.from_dict(marker["identity"]), False, marker["build_s"])
-        shutil.rmtree(final, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{key}.tmp-"))
+
+    def find() -> KernelOverlay | None:
+        if not (final / MARKER).is_file():
+            return None
+        marker = json.loads((final / MARKER).read_text(encoding="utf-8"))
+        return KernelOverlay(final, KernelIdentity.from_dict(marker["identity"]), False, marker["build_s"])
+
+    def build(tmp: Path) -> KernelOverlay:
         log_path = root / f"{key}.build.log"
         log_path.write_text(f"# kernels for {python} (torch {torch_version}, arch {cuda_arch})\n", encoding="utf-8")
         started = time.monotonic()
-        try:
-            for step in kernel_build_steps(python, tmp, cuda_arch, src):
-                _run(step, log_path, progress, f"kernels {key}")
-            identity = read_identity(python, tmp)
-            if identity.source_sha256 != sha or identity.built_for != ("cuda" if cuda_arch else "cpu"):
-                raise KernelBuildError(f"the built kernels report {identity}, expected sha256 {sha[:12]} "
-                                       f"for {'cuda' if cuda_arch else 'cpu'} (log {log_path})")
-            build_s = round(time.monotonic() - started, 1)
-            (tmp / MARKER).write_text(json.dumps({"identity": identity.__dict__, "build_s": build_s, "python": python,
-                                                  "torch": torch_version}, indent=2), encoding="utf-8")
-            shutil.move(str(log_path), tmp / "build.log")
-            tmp.chmod(0o755)  # mkdtemp makes it private; servers of other users read it too
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-    return KernelOverlay(final, identity, True, build_s)
+        for step in kernel_build_steps(python, tmp, cuda_arch, src):
+            _run(step, log_path, progress, f"kernels {key}")
+        identity = read_identity(python, tmp)
+        if identity.source_sha256 != sha or identity.built_for != ("cuda" if cuda_arch else "cpu"):
+            raise KernelBuildError(f"the built kernels report {identity}, expected sha256 {sha[:12]} "
+                                   f"for {'cuda' if cuda_arch else 'cpu'} (log {log_path})")
+        build_s = round(time.monotonic() - started, 1)
+        (tmp / MARKER).write_text(json.dumps({"identity": identity.__dict__, "build_s": build_s, "python": python,
+                                              "torch": torch_version}, indent=2), encoding="utf-8")
+        shutil.move(str(log_path), tmp / "build.log")
+        return KernelOverlay(final, identity, True, build_s)
+
+    overlay, _ = build_once(final, find=find, build=build)
+    return overlay
 
 
 def ensure_kernel_dev_env(cache_root: Path | None = None, progress: Progress | None = None,

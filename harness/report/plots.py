@@ -8,14 +8,13 @@ reads as the same colour with a different marker.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from harness.errors import HarnessError
-from harness.io import atomic_write_bytes
+from harness.report.figures import save_figure
 from harness.report.labels import Label, place_labels
 from harness.report.timeseries import DeploymentTimeline, load_timeline
 from harness.report.validation import plot_validation
@@ -36,7 +35,6 @@ COLOURS = ("#1f5fa8", "#d9541e", "#2a9d4b", "#8e44ad", "#c0392b", "#16a0a0", "#b
 MARKERS = ("o", "s", "^", "D", "v", "P")
 LINESTYLES = ("-", "--", ":", "-.")
 SIM_BANNER = "SIMULATED ENGINE: not GPU measurements"
-FIGURE_DPI = 150
 
 
 @dataclass(frozen=True)
@@ -292,18 +290,6 @@ def build_timeseries_figure(timeline: DeploymentTimeline, simulated: bool = Fals
     axes[0].set_title(title or f"{timeline.deployment}: server state over the run", fontsize=11, pad=16)
     _mark_simulated(fig, simulated=simulated)
     return fig
-
-
-def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
-    """PNG and SVG of `fig`, each written atomically."""
-    paths = []
-    for fmt in ("png", "svg"):
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format=fmt, dpi=FIGURE_DPI)
-        path = Path(out_dir) / f"{stem}.{fmt}"
-        atomic_write_bytes(path, buffer.getvalue())
-        paths.append(path)
-    return paths
 
 
 def _safe_stem(name: str) -> str:

@@ -5,13 +5,12 @@ Pareto in the validation run's report."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.calibrate.validate import TOLERANCE, ValidationReport, read_validation
-from harness.io import atomic_write_bytes
+from harness.report.figures import save_figure
 from harness.report.labels import Label, place_labels
 from harness.sim.profiles import ValidationRow
 
@@ -21,7 +20,6 @@ if TYPE_CHECKING:
 
 STEM = "validation"
 TITLE = "Predicted vs measured (calibrated simulator against the real engine)"
-DPI = 150
 HELD_OUT, FITTED = "#d9541e", "#1f5fa8"
 
 
@@ -78,12 +76,4 @@ def plot_validation(run_dir: Path, out_dir: Path) -> list[Path]:
     report = read_validation(run_dir)
     if report is None:
         return []
-    fig = build_validation_figure(report)
-    paths = []
-    for fmt in ("png", "svg"):
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format=fmt, dpi=DPI)
-        path = Path(out_dir) / f"{STEM}.{fmt}"
-        atomic_write_bytes(path, buffer.getvalue())
-        paths.append(path)
-    return paths
+    return save_figure(build_validation_figure(report), out_dir, STEM)
