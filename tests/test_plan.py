@@ -80,6 +80,23 @@ def test_blog_branch_commands_carry_exactly_the_blog_flags():
     assert hisparse["build"]["python"].endswith("/bin/python") and hisparse["build"]["kind"] == "git"
 
 
+def test_vllm_servers_keep_idle_connections_longer_than_the_client(tmp_path):
+    # EvalScope reuses an idle connection for up to 60 s; vLLM's 5 s default closed one under it ("Server
+    # disconnected" at the start of a real CPU point). Every vLLM server gets 75 s unless its profile says.
+    plan = _plan_json()
+    assert {d["server_env"].get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE") for d in plan["deployments"]} == {"75"}
+    (tmp_path / "own.yaml").write_text(f"extends: {ROOT / 'launch/tiny-cpu.yaml'}\n"
+                                       "env: {VLLM_HTTP_TIMEOUT_KEEP_ALIVE: '300'}\n")
+    (tmp_path / "sweep.yaml").write_text(
+        f"name: own\ndataset: {ROOT / 'datasets/cpu-tiny.yaml'}\ngpus_per_server: 1\n"
+        "client: {model: tiny-llama, max_tokens: 16, points: [{parallel: 1, number: 1}]}\n"
+        "deployments: [{name: own, launch: own.yaml}]\n")
+    out = subprocess.run([sys.executable, "-m", "harness", "plan", str(tmp_path / "sweep.yaml"), "--json"],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["deployments"][0]["server_env"]["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "300"
+
+
 def test_release_dialect_uses_multiconnector_and_reserve_full_isl():
     plan = _plan_json("--dialect", "release")
     hisparse = next(d for d in plan["deployments"] if d["name"] == "tp8-hisparse384-native128")

