@@ -87,19 +87,36 @@ def package_version(name: str) -> str | None:
         return None
 
 
-# Sets the parent-death signal, then becomes the real program (exec keeps the pid and the setting): a
-# child of the harness dies with the harness even when the harness is killed with SIGKILL.
+# Sets the parent-death signal (and, if asked, the niceness), then becomes the real program (exec keeps
+# the pid and the settings): a child of the harness dies with the harness even when the harness is
+# killed with SIGKILL. Raising priority back needs CAP_SYS_NICE; without it the child keeps its starter's.
 _DIE_WITH_PARENT = (
     "import ctypes, os, sys\n"
-    "sig, parent = int(sys.argv[1]), int(sys.argv[2])\n"
+    "sig, parent, nice = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]\n"
     "ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG\n"
     "if os.getppid() != parent:\n"
     "    os.kill(os.getpid(), sig)  # the parent died before the setting took hold\n"
-    "os.execvp(sys.argv[3], sys.argv[3:])\n")
+    "if nice != '-':\n"
+    "    try:\n"
+    "        os.setpriority(os.PRIO_PROCESS, 0, int(nice))\n"
+    "    except OSError as exc:\n"
+    "        print(f'harness: cannot set niceness {nice} (kept {os.getpriority(os.PRIO_PROCESS, 0)}): {exc}',\n"
+    "              file=sys.stderr, flush=True)\n"
+    "os.execvp(sys.argv[4], sys.argv[4:])\n")
 
 
-def die_with_parent(argv: list[str], sig: int = signal.SIGTERM) -> list[str]:
-    """argv wrapped so the process gets `sig` when the thread that starts it (the harness) dies."""
+def die_with_parent(argv: list[str], sig: int = signal.SIGTERM, *, niceness: int | None = None) -> list[str]:
+    """argv wrapped so the process gets `sig` when the thread that starts it (the harness) dies; with
+    `niceness`, the program runs at that niceness where the system allows it (None: the starter's)."""
     if not sys.platform.startswith("linux"):
         return list(argv)
-    return [sys.executable, "-c", _DIE_WITH_PARENT, str(int(sig)), str(os.getpid()), *argv]
+    nice = "-" if niceness is None else str(int(niceness))
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(int(sig)), str(os.getpid()), nice, *argv]
+
+
+def niceness_of(pid: int) -> int | None:
+    """A live process's niceness, or None where it cannot be read."""
+    try:
+        return os.getpriority(os.PRIO_PROCESS, pid)
+    except OSError:
+        return None

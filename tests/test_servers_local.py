@@ -17,6 +17,7 @@ import pytest
 from procutil import accepts, running
 
 from harness.errors import HarnessError
+from harness.io import die_with_parent
 from harness.servers.base import (
     LauncherClosed,
     ServerSpec,
@@ -268,3 +269,17 @@ def test_a_port_in_use_is_refused_before_start(tmp_path):
         with pytest.raises(ServerStartError, match=f"port {first.port} on 127.0.0.1 is already in use"):
             launcher.start(spec)
         assert first.healthy() and [h.name for h in launcher.running()] == ["fake"]
+
+
+def test_a_server_runs_at_normal_priority_whatever_its_starter_runs_at():
+    # A Ray worker starts at niceness 15: a server started from one used to inherit it and yield the CPU to
+    # the client and every other normal process on the node. The wrapper every server starts through sets 0.
+    show = ["sh", "-c", "cut -d' ' -f19 /proc/self/stat"]
+    kept = subprocess.run(["nice", "-n", "15", *die_with_parent(show)], capture_output=True, text=True, check=True)
+    assert kept.stdout.strip() == "15"
+    raised = subprocess.run(["nice", "-n", "15", *die_with_parent(show, niceness=0)], capture_output=True, text=True,
+                            check=True)
+    if os.geteuid() == 0:
+        assert (raised.stdout.strip(), raised.stderr) == ("0", "")
+    else:  # raising priority needs CAP_SYS_NICE: the program still runs, and says what it kept
+        assert raised.stdout.strip() == "15" and "cannot set niceness 0 (kept 15)" in raised.stderr

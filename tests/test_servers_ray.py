@@ -125,6 +125,9 @@ def test_server_in_actor_gets_a_gpu_and_stops_clean(launcher, tmp_path):
     assert handle.cuda_visible_devices in ("0", "1")
     assert environ_of(handle.pid)["CUDA_VISIBLE_DEVICES"] == handle.cuda_visible_devices
     assert os.getsid(handle.pid) == handle.pid  # its own session, outside the actor's group
+    # the server runs at normal priority, its children too, although Ray starts its actor at niceness 15
+    assert os.getpriority(os.PRIO_PROCESS, handle.pid) == 0
+    assert all(os.getpriority(os.PRIO_PROCESS, child) == 0 for child in pids["children"])
     assert handle.healthy() and handle.alive()
     assert any("fake server pid" in line for line in handle.log_tail())
     assert [r.pid for _, r in read_pidfiles(tmp_path / "pids")] == [handle.pid]

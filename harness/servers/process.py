@@ -28,6 +28,10 @@ from harness.servers.base import ServerSpec, ServerStartError, Teardown, fill_pl
 
 _PROC = Path("/proc")
 _POLL_S = 0.25
+# The server is what a run measures: it runs at normal priority even where its starter runs lower (a Ray
+# worker runs at niceness 15 by default, so a server it started yielded the CPU to the client, Ray and
+# every other normal process on the node: slower and noisier on a busy node).
+SERVER_NICENESS = 0
 # Direct HTTP only: a proxy from the environment must never see the probe traffic.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -334,7 +338,7 @@ class ServerProcess:
             raise ServerStartError(spec.name, f"cannot run {argv[0]!r}: [Errno 2] No such file or directory",
                                    log_path, read_log_tail(log_path))
         try:
-            popen = subprocess.Popen(die_with_parent(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            popen = subprocess.Popen(die_with_parent(argv, niceness=SERVER_NICENESS), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
             raise ServerStartError(spec.name, f"cannot run {argv[0]!r}: {exc}", log_path,

@@ -239,9 +239,13 @@ class RayLauncher(Launcher):
         if self._owns_ray:
             try:
                 if address in (None, "local"):
+                    # Ray starts its workers at niceness 15; the servers its actors start are what a run
+                    # measures, so the cluster the harness owns runs them at normal priority (on a cluster
+                    # it joins, the server's start lowers niceness where the node allows it).
                     ray.init(address="local", num_gpus=num_gpus, num_cpus=num_cpus, include_dashboard=False,
                              object_store_memory=object_store_memory_bytes,
-                             _temp_dir=str(temp_dir) if temp_dir else None, log_to_driver=False)
+                             _temp_dir=str(temp_dir) if temp_dir else None, log_to_driver=False,
+                             _system_config={"worker_niceness": 0})
                 else:
                     ray.init(address=address, log_to_driver=False)
             except (RayError, ConnectionError, ValueError, RuntimeError) as exc:
