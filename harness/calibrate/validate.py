@@ -23,7 +23,7 @@ from harness.sim.profiles import ValidationRow
 from harness.simulate import SimulateOptions, simulate_sweep
 
 VALIDATION_JSON = "validation.json"  # in the simulated run folder, beside manifest.json
-TOLERANCE = 0.20                      # the test's bound on held-out TPOT and throughput errors
+TOLERANCE = 0.20                      # the target for held-out TPOT and throughput errors (the figure's band)
 
 
 class ValidationReport(Record):
