@@ -180,7 +180,7 @@ def topk(rng: np.random.Generator, s: Scenario, previous: np.ndarray | None = No
     return np.stack(rows).astype(I32)
 
 
-def _kwargs(s: Scenario, gi: np.ndarray, state: ResolveState, out: ResolveOutputs) -> dict:
+def resolve_kwargs(s: Scenario, gi: np.ndarray, state: ResolveState, out: ResolveOutputs) -> dict:
     return dict(
         global_indices=gi, hot_indices=out.hot_indices, device_global_indices=state.device_global_indices,
         lru_slots=state.lru_slots, request_state_indices=s.request_state_indices, region_stride=s.hot_size,
@@ -206,7 +206,7 @@ def oracle_resolve(s: Scenario, gi: np.ndarray, state: ResolveState) -> tuple[Re
     state = state.copy()
     out = ResolveOutputs.poisoned(*gi.shape)
     oracle.resolve_residency(host_rows=s.host_rows, hot_block_size=s.hot_block_size,
-                             hot_block_table=hot_table_for(s), **_kwargs(s, gi, state, out))
+                             hot_block_table=hot_table_for(s), **resolve_kwargs(s, gi, state, out))
     return state, out
 
 
@@ -227,7 +227,7 @@ def op_resolve(op, s: Scenario, gi: np.ndarray, state: ResolveState, device: str
     if hot_cache is None:
         hot_cache = torch.zeros(s.hot_num_blocks, s.hot_block_size, s.row_bytes, dtype=torch.uint8,
                                 device=device)
-    tensors = {k: dev(v) if isinstance(v, np.ndarray) else v for k, v in _kwargs(s, gi, state, out).items()}
+    tensors = {k: dev(v) if isinstance(v, np.ndarray) else v for k, v in resolve_kwargs(s, gi, state, out).items()}
     _call(op, host_cache, hot_cache, dev, s, tensors)
     if device != "cpu":
         torch.cuda.synchronize()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from hisparse_kernels import oracle
-from hs_cases import I32, ResolveOutputs, _call, cold_state, make_scenario, topk
+from hs_cases import I32, ResolveOutputs, _call, cold_state, make_scenario, resolve_kwargs, topk
 
 ROW_BYTES = 48
 STEPS = 4
@@ -63,16 +63,9 @@ def test_resolve_then_gather_keeps_hot_rows_true_to_the_host(ops, copy_with, see
         gi = topk(rng, s, previous, reuse=0.6)
         # The op pipeline, on tensors.
         out = ResolveOutputs.poisoned(*gi.shape)
-        t = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v for k, v in dict(
-            global_indices=gi, hot_indices=out.hot_indices, device_global_indices=state.device_global_indices,
-            lru_slots=state.lru_slots, request_state_indices=s.request_state_indices, region_stride=s.hot_size,
-            max_union_rows=s.max_union_rows, miss_mask=out.miss_mask, stats=state.stats,
-            attention_indices=out.attention_indices, attention_block_stride=s.attention_block_stride,
-            request_ids=s.request_ids, source_block_table=s.source_block_table,
-            source_block_size=s.source_block_size, resolved_global_indices=out.resolved_global_indices,
-            valid_counts=out.valid_counts, swap_host_physical_rows=out.swap_host_physical_rows,
-            swap_device_physical_rows=out.swap_device_physical_rows, swap_counts=out.swap_counts,
-            resident_block_table=None, resident_block_size=0, resident_null_block=0).items()}
+        # make_scenario without resident_fraction: no resident pages, every hit goes through the hot buffer
+        t = {k: torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v
+             for k, v in resolve_kwargs(s, gi, state, out).items()}
         _call(ops.hisparse_resolve_residency, host_t, hot, lambda a: torch.from_numpy(a), s, t)
         if copy_with == "gather_compact":
             ops.hisparse_gather_compact(host_t, hot, t["swap_host_physical_rows"],
