@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,8 @@ from harness.servers.base import (
     stop_servers_on_signal,
 )
 from harness.servers.local import LocalLauncher
-from harness.servers.reaper import read_pidfiles, reap_stale_servers
+from harness.servers.process import proc_info
+from harness.servers.reaper import boot_id, read_pidfiles, reap_stale_servers
 
 FAKE = Path(__file__).parent / "fixtures" / "servers" / "fake_openai.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -215,6 +217,33 @@ def test_reaper_leaves_recycled_pids_alone(tmp_path):
     finally:
         bystander.kill()
         bystander.wait()
+
+
+def test_reaper_judges_only_its_own_hosts_pidfiles_of_this_boot(tmp_path):
+    # pid dirs may sit on a home directory shared by several machines: a live process named by another
+    # host's pidfile is not this host's to stop, and its file stays; a file from an earlier boot of this
+    # host names nothing that runs now, so it goes, and the live pid it happens to name is left alone
+    orphan_owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        info = proc_info(orphan_owner.pid)
+        base = {"name": "x", "pid": orphan_owner.pid, "pgid": orphan_owner.pid, "start_ticks": info.start_ticks,
+                "argv_head": [], "host": "127.0.0.1", "port": 1, "log_path": "", "harness_pid": 999999999,
+                "harness_start_ticks": 1, "created_unix_s": 0.0}
+        pids = tmp_path / "pids"
+        pids.mkdir()
+        (pids / "other-host.json").write_text(json.dumps({**base, "hostname": "another-machine", "boot_id": "b"}))
+        (pids / "earlier-boot.json").write_text(json.dumps({**base, "hostname": socket.gethostname(),
+                                                            "boot_id": "not-" + boot_id()}))
+        assert reap_stale_servers(pids, grace_s=1) == []
+        assert running(orphan_owner.pid)  # neither file's reaper may stop it
+        assert [path.name for path, _ in read_pidfiles(pids)] == ["other-host.json"]
+        # the same record written on this host, this boot, by a harness that is gone: reaped
+        (pids / "here.json").write_text(json.dumps({**base, "hostname": socket.gethostname(), "boot_id": boot_id()}))
+        assert [r.record.pid for r in reap_stale_servers(pids, grace_s=1)] == [orphan_owner.pid]
+        assert [path.name for path, _ in read_pidfiles(pids)] == ["other-host.json"]
+    finally:
+        orphan_owner.kill()
+        orphan_owner.wait()
 
 
 def test_signal_guard_stops_servers(tmp_path):
