@@ -214,12 +214,16 @@ def test_cli_build_and_verify(tmp_path, capsys):
     assert "output folder" in capsys.readouterr().err
 
 
-def test_interrupted_build_leaves_no_file_under_the_final_name(tmp_path):
+@pytest.mark.parametrize("sigint_at_start", [signal.SIG_DFL, signal.SIG_IGN], ids=["sigint-default", "sigint-ignored"])
+def test_interrupted_build_leaves_no_file_under_the_final_name(tmp_path, sigint_at_start):
+    # A script's background job starts with SIGINT ignored (and so may pytest itself): the build must stop
+    # on SIGINT either way, whatever this test process inherited.
     recipe = write_recipe(tmp_path, first_turn_length=74160, subsequent_turn_length=753, num_turns=13,
                           conversations=216)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "harness", "dataset", "build", str(recipe)], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint_at_start))
     try:
         seen = ""
         while "building dataset" not in seen:  # the progress bar is up: the build has started
