@@ -116,6 +116,14 @@ def harness(env: dict[str, str], *args: str, timeout_s: float = 300) -> subproce
                           cwd=ROOT, timeout=timeout_s)
 
 
+def program_part(command_txt: str) -> str:
+    """A recorded command without the environment assignments command.txt puts before the program."""
+    words = command_txt.split(" ")
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        words.pop(0)
+    return " ".join(words)
+
+
 def snapshot(root: Path, hub: str) -> Path:
     return (root / "huggingface" / "models--org--tiny" / "snapshots" / COMMIT if hub == "hf"
             else root / "modelscope" / "models" / "org--tiny" / "snapshots" / "v1.0")
@@ -169,7 +177,8 @@ def test_sweep_servers_start_from_their_nodes_copy(cluster):
         local = weights["nodes"][record["node"]]  # the copy on the node this server ran on
         assert local in {str(snapshot(tmp / n, hub)) for n in ("node-a", "node-b")}
         command = (run_dir / "deployments" / dep / "command.txt").read_text()
-        assert command.startswith(f"vllm serve {local} ") and "--served-model-name tiny" in command, command
+        assert program_part(command).startswith(f"vllm serve {local} ") and "--served-model-name tiny" in command, \
+            command
         assert "{model}" not in command and "org/tiny" not in command
         assert f"stub vllm: serving {local}" in (run_dir / "deployments" / dep / "server.log").read_text()
         preflight = json.loads((run_dir / "deployments" / dep / "preflight.json").read_text())
@@ -195,7 +204,7 @@ def test_local_launcher_fetches_here_and_starts_from_this_machines_copy(tmp_path
     assert done.stdout.count("nothing to transfer") == 2  # the fetch above left nothing to do
     for dep, hub in (("arm-hf", "hf"), ("arm-ms", "ms")):
         command = (tmp_path / "results/l1/deployments" / dep / "command.txt").read_text()
-        assert command.startswith(f"vllm serve {snapshot(tmp_path / 'here', hub)} "), command
+        assert program_part(command).startswith(f"vllm serve {snapshot(tmp_path / 'here', hub)} "), command
     manifest = json.loads((tmp_path / "results/l1/manifest.json").read_text())
     assert manifest["provenance"]["hub_inputs"]["tokenizer"] == {
         "hub": "huggingface", "id": "org/tok", "repo_type": "model", "revision": COMMIT, "revision_sha": COMMIT,
