@@ -10,7 +10,7 @@ the held-out points of the server the fit measured that ran without preemption (
 is TOLERANCE (20%), and the table printed with every run says how far each point is from it. It is not
 the assertion because the real engine's own noise on this 2-core machine is as large: neighbouring
 concurrencies on one server differ by up to 25%, and the same c1 workload on the run's two servers by up
-to 44% (pressured 3.88 ms vs baseline 2.70 ms in one run), so a 20% assertion failed five runs in six
+to 44% (pressured 3.88 ms vs baseline 2.70 ms in one run), so a 20% assertion failed six runs in seven
 with the simulator unchanged, and the other server's timing is reported, not asserted. GROSS still fails
 a calibration that is wrong in kind (a profile not applied, a missing per-request cost: 2x off)."""
 
