@@ -113,10 +113,3 @@ def die_with_parent(argv: list[str], sig: int = signal.SIGTERM, *, niceness: int
     nice = "-" if niceness is None else str(int(niceness))
     return [sys.executable, "-c", _DIE_WITH_PARENT, str(int(sig)), str(os.getpid()), nice, *argv]
 
-
-def niceness_of(pid: int) -> int | None:
-    """A live process's niceness, or None where it cannot be read."""
-    try:
-        return os.getpriority(os.PRIO_PROCESS, pid)
-    except OSError:
-        return None
