@@ -74,6 +74,12 @@ def compact_json(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
+def json_digest(obj: Any, length: int = 16) -> str:
+    """A stable name for JSON-able data: the first `length` hex digits of the sha256 of its JSON with
+    sorted keys (cache keys of environments and datasets, identities of launch profiles)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:length]
+
+
 def data_path(*parts: str) -> Path:
     """A file or folder shipped in the package's data/ (works from a checkout, a wheel or an sdist)."""
     return Path(str(resources.files("harness").joinpath("data", *parts)))

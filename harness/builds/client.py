@@ -13,7 +13,6 @@ console scripts (which name the temporary folder) never matter.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ from harness.builds.cached import build_once
 from harness.builds.envs import BuildStep, _run_step
 from harness.builds.probe import BuildError
 from harness.config.sweep import evalscope_spec_parts
+from harness.io import json_digest
 
 Progress = Callable[[str], None]
 
@@ -55,7 +55,7 @@ class ClientEnv:
 def client_key(spec: str) -> str:
     material = {"recipe": RECIPE_VERSION, "evalscope": spec,
                 "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    return json_digest(material)
 
 
 def client_env_dir(spec: str, clients_dir: Path | None = None) -> Path:

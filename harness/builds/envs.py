@@ -19,7 +19,6 @@ makes environments and finds them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -40,6 +39,7 @@ from harness.builds.kernels import (
 )
 from harness.builds.probe import BuildError, probe_build
 from harness.config import BuildSpec, LaunchProfile
+from harness.io import json_digest
 
 Progress = Callable[[str], None]
 
@@ -107,7 +107,7 @@ def env_key(spec: BuildSpec) -> str:
         material |= {"cuda_arch": spec.cuda_arch or DEFAULT_CUDA_ARCH, "build_command": spec.build_command}
         if spec.kernels == "bundled":  # the kernel source is compiled into vLLM itself
             material |= {"kernels": "bundled", "kernel_sha256": source_hash()}
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    return json_digest(material)
 
 
 def env_dir_for(spec: BuildSpec, envs_dir: Path | None = None) -> Path:

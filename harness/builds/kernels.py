@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from harness.builds.cached import build_once
 from harness.errors import HarnessError
+from harness.io import json_digest
 
 Progress = Callable[[str], None]
 
@@ -260,7 +261,7 @@ def read_identity(python: str, overlay: Path) -> KernelIdentity:
 def overlay_key(source_sha256: str, torch_version: str, python_version: str, cuda_arch: str | None) -> str:
     material = {"recipe": OVERLAY_RECIPE, "source": source_sha256, "torch": torch_version,
                 "python": python_version, "cuda_arch": cuda_arch}
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    return json_digest(material)
 
 
 def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None,
@@ -305,7 +306,7 @@ def ensure_kernel_dev_env(cache_root: Path | None = None, progress: Progress | N
     """Python of a cached venv with CPU torch, numpy, pytest, hypothesis and the module (CPU)."""
     root = (cache_root or DEFAULT_CACHE_ROOT).expanduser() / "kernel-dev"
     material = {"recipe": DEV_RECIPE, "packages": DEV_PACKAGES, "python": "{}.{}".format(*sys.version_info[:2])}
-    env_dir = root / hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    env_dir = root / json_digest(material)
     python = env_dir / "bin" / "python"
     root.mkdir(parents=True, exist_ok=True)
     with (root / f".{env_dir.name}.lock").open("w") as lock:

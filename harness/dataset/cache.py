@@ -29,7 +29,7 @@ from harness.dataset.sources import read_hub_rows, read_jsonl_rows, select_traje
 from harness.dataset.tokenizer import Tokenizer, load_tokenizer_cached
 from harness.errors import HarnessError
 from harness.hub import COMMIT_RE, HubError, HubRef, ResolvedRef, resolve
-from harness.io import atomic_write_bytes, sha256_file
+from harness.io import atomic_write_bytes, json_digest, sha256_file
 from harness.records import HubInputRecord
 
 BUILDER_VERSION = 1
@@ -140,7 +140,7 @@ def cache_key_material(loaded: LoadedRecipe, number: int, tokenizer: Tokenizer,
 
 def cache_key(loaded: LoadedRecipe, number: int, tokenizer: Tokenizer, inputs: tuple[HubInput, ...] = ()) -> str:
     material = cache_key_material(loaded, number, tokenizer, inputs)
-    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()[:16]
+    return json_digest(material)
 
 
 def cache_path(loaded: LoadedRecipe, key: str) -> Path:
