@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
+from harness.io import json_digest
 from harness.nightly.record import (
     DeploymentFacts,
     GpuFacts,
@@ -55,6 +56,7 @@ def _manifest_facts(m: dict[str, Any]) -> _ManifestFacts:
         deployments[name] = DeploymentFacts(
             vllm_version=build.get("vllm_version") or (dep.get("server_version") or {}).get("version"),
             vllm_commit=build.get("vllm_commit"), kernel_hash=kernel.get("source_sha256"),
+            launch_sha256=json_digest(launches[name]) if launches.get(name) else None,
             hisparse_requested=requested, hisparse_active=evidence.get("hisparse_active"))
     simulated = bool(m.get("simulated"))
     if simulated:  # the simulated hardware is the one the profiles declare; the host's GPUs ran nothing

@@ -53,13 +53,16 @@ class DeploymentFacts(BaseModel):
     vllm_version: str | None = None
     vllm_commit: str | None = None
     kernel_hash: str | None = None  # the HiSparse kernel module the build installed, when one did
+    # the resolved launch profile the server ran with (serve flags, KV, env, simulator settings): a changed
+    # flag explains a change as well as a new vLLM commit does
+    launch_sha256: str | None = None
     hisparse_requested: bool | None = None
     hisparse_active: bool | None = None  # None: no evidence either way
 
 
 # the provenance fields compared between nights, in the order a report names them
 NIGHT_FIELDS = ("harness_commit", "evalscope_version")
-DEPLOYMENT_FIELDS = ("vllm_commit", "vllm_version", "kernel_hash")
+DEPLOYMENT_FIELDS = ("vllm_commit", "vllm_version", "kernel_hash", "launch_sha256")
 
 
 class ComparisonKey(BaseModel):
@@ -140,6 +143,13 @@ class NightRecord(BaseModel):
     def points(self) -> list[tuple[str, int]]:
         return sorted({(str(r.deployment), int(r.parallel)) for r in self.rows
                        if r.deployment is not None and r.parallel is not None})
+
+    def build_of(self, deployment: str) -> tuple[Any, ...]:
+        """What one deployment ran with this night, as far as the record tells: the provenance fields
+        compared between nights, and the GPU driver. Two nights with equal builds ran the same software."""
+        facts = self.deployments.get(deployment, DeploymentFacts())
+        return (tuple(getattr(facts, name) for name in DEPLOYMENT_FIELDS),
+                tuple(getattr(self.provenance, name) for name in NIGHT_FIELDS), self.gpu.driver)
 
     def value(self, deployment: str, parallel: int, metric: str) -> float | None:
         """A metric of an ok point, or None (absent, failed, or not measured)."""
