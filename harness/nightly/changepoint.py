@@ -12,6 +12,13 @@ every time. (Shuffling the nights instead, a permutation test, cannot go below a
 step of k nights in n: 0.4% for 4 of 12 nights, too coarse once many series are tested together.)
 A significant change that also moves the level by at least `min_relative_change` is kept, with the
 night it starts and the nights that fit nearly as well; then the flat part(s) are searched again.
+
+Dating: a change in what a server ran starts on a night whose build differs from the night before.
+Where the records say which nights those are, the change is dated at the earliest of them among the
+nights that fit nearly as well: the first build that can explain it, so that a bisect from the night
+before it holds the cause (with 3% noise a 2% drift's best-fitting night is as often a night or two
+late as right, and a bisect from a late night misses the cause). Where no build changed among those
+nights (a machine, a driver, the data), the best-fitting night is the date.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from harness.nightly.record import NightRecord
 from harness.nightly.thresholds import METRIC_BETTER
 
 Kind = Literal["step", "drift"]
+DatedBy = Literal["build", "fit"]  # the first changed build among the nights that fit, or the best fit
 # n * log(RSS_k / RSS_best) below this: night k fits nearly as well (the 95% point of chi-square, 1 dof)
 _LOCATION_SLACK = 3.84
 
@@ -44,7 +52,7 @@ class DetectorSettings:
 
 @dataclass(frozen=True)
 class SeriesChange:
-    index: int  # position of the first changed value
+    index: int  # position of the first changed value (the date, see the module's docstring)
     kind: Kind
     before: float  # the level before
     after: float  # step: the level after; drift: the fitted value at the end of the segment
@@ -53,6 +61,16 @@ class SeriesChange:
     earliest: int  # positions that fit nearly as well as `index`
     latest: int
     slope: float | None = None  # drift: change per night
+    best_index: int | None = None  # position the change fits best at (None: `index`)
+    dated_by: DatedBy = "fit"
+
+    @property
+    def best(self) -> int:
+        return self.index if self.best_index is None else self.best_index
+
+    def shifted(self, by: int) -> SeriesChange:
+        return replace(self, index=self.index + by, earliest=self.earliest + by, latest=self.latest + by,
+                       best_index=self.best + by)
 
 
 def _fits(y: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -81,7 +99,9 @@ def _null_table(n: int, m: int, draws: int, seed: int) -> np.ndarray:
     return np.sort(_explained(rss0, rss_step, rss_drift))
 
 
-def _best(y: np.ndarray, settings: DetectorSettings) -> SeriesChange | None:
+def _best(y: np.ndarray, settings: DetectorSettings, build_changed: Sequence[bool] | None = None
+          ) -> SeriesChange | None:
+    """The best single change of `y`; build_changed[i]: position i ran another build than i - 1."""
     n = len(y)
     rss0, ks, rss_step, rss_drift = _fits(y[None, :], settings.min_segment)
     if rss0[0] <= 1e-12 * max(1.0, float(np.mean(y**2))) * n:
@@ -98,45 +118,59 @@ def _best(y: np.ndarray, settings: DetectorSettings) -> SeriesChange | None:
     # itself uncertain, and a slow drift fits as a step a night or two later (or a drift a night earlier)
     either = np.minimum(rss_step[0], rss_drift[0])
     near = ks[n * np.log(np.maximum(either, 1e-300) / max(rss[at], 1e-300)) <= _LOCATION_SLACK]
-    before, slope = float(np.mean(y[:k])), None
-    if kind == "step":
-        after = float(np.mean(y[k:]))
-    else:
-        x = np.maximum(0, np.arange(n) - k + 1).astype(float)
-        slope, intercept = np.polyfit(x, y, 1)
-        before, after = float(intercept), float(intercept + slope * x[-1])
-        slope = float(slope)
+    earliest, latest = int(near.min()), int(near.max())
+    # the whole span, not just the nights that fit on their own: a bisect covers a range of builds
+    suspects = [i for i in range(earliest, latest + 1) if build_changed is not None and build_changed[i]]
+    dated = min(suspects) if suspects else k
+    if dated != k:  # the shape and the levels are those that fit best from the dated night
+        d = int(np.searchsorted(ks, dated))
+        kind = "step" if rss_step[0, d] <= rss_drift[0, d] else "drift"
+    before, after, slope = _levels(y, dated, kind)
     if before:
         relative = (after - before) / abs(before)
     else:
         relative = 0.0 if after == before else float(np.copysign(np.inf, after - before))
-    return SeriesChange(k, kind, before, after, relative, p_value, int(near.min()), int(near.max()),
-                        slope)
+    return SeriesChange(dated, kind, before, after, relative, p_value, earliest, latest, slope, best_index=k,
+                        dated_by="build" if suspects else "fit")
 
 
-def detect_changes(values: Sequence[float], settings: DetectorSettings | None = None) -> list[SeriesChange]:
-    """Every significant step or drift in `values` (in night order), earliest first."""
+def _levels(y: np.ndarray, k: int, kind: Kind) -> tuple[float, float, float | None]:
+    """Level before and after a change at k (a drift's: its fitted end), and a drift's slope per night."""
+    if kind == "step":
+        return float(np.mean(y[:k])), float(np.mean(y[k:])), None
+    x = np.maximum(0, np.arange(len(y)) - k + 1).astype(float)
+    slope, intercept = np.polyfit(x, y, 1)
+    return float(intercept), float(intercept + slope * x[-1]), float(slope)
+
+
+def detect_changes(values: Sequence[float], settings: DetectorSettings | None = None,
+                   build_changed: Sequence[bool] | None = None) -> list[SeriesChange]:
+    """Every significant step or drift in `values` (in night order), earliest first.
+
+    build_changed[i] (same length as values): value i was measured on another build than value i - 1;
+    None: not known, every change is dated by its best fit."""
     settings = settings or DetectorSettings()
     y_all = np.asarray(values, dtype=float)
     offset = max(0, len(y_all) - settings.max_nights)
     y_all = y_all[offset:]
+    builds = None if build_changed is None else [bool(b) for b in list(build_changed)[offset:]]
+    if builds is not None and len(builds) != len(y_all):
+        raise ValueError(f"build_changed has {len(builds)} entries for {len(y_all)} values")
     found: list[SeriesChange] = []
     todo = [(0, len(y_all))]
     while todo:
         start, end = todo.pop()
         if end - start < 2 * settings.min_segment:
             continue
-        change = _best(y_all[start:end], settings)
+        segment_builds = None if builds is None else [False] + builds[start + 1:end]
+        change = _best(y_all[start:end], settings, segment_builds)
         if change is None or change.p_value > settings.alpha \
                 or abs(change.relative_change) < settings.min_relative_change:
             continue
-        shift = start + offset
-        found.append(SeriesChange(change.index + shift, change.kind, change.before, change.after,
-                                  change.relative_change, change.p_value, change.earliest + shift,
-                                  change.latest + shift, change.slope))
-        todo.append((start, start + change.index))
+        found.append(change.shifted(start + offset))
+        todo.append((start, start + change.index))  # the nights before its date: flat, or another change
         if change.kind == "step":  # after a drift the rest is the drift itself
-            todo.append((start + change.index, end))
+            todo.append((start + change.best, end))
     return sorted(found, key=lambda c: c.index)
 
 
@@ -156,11 +190,23 @@ class ChangePoint:
     relative_change: float
     p_value: float
     worse: bool | None  # None: the metric has no better direction
+    best_night: str | None = None  # the night the change fits best at (None: `night_id`)
+    dated_by: DatedBy = "fit"
+
+    @property
+    def where(self) -> str:
+        """The date and how sure it is, in words."""
+        best = self.best_night or self.night_id
+        if self.earliest_night == self.latest_night:
+            return self.night_id
+        span = f"nights {self.earliest_night} to {self.latest_night}, which fit nearly as well"
+        if self.dated_by == "build" and best != self.night_id:
+            return f"{self.night_id} (the first changed build in {span}; best fit {best})"
+        return f"{self.night_id} ({span})"
 
     @property
     def text(self) -> str:
-        where = self.night_id if self.earliest_night == self.latest_night else \
-            f"{self.night_id} (between {self.earliest_night} and {self.latest_night})"
+        where = self.where
         verdict = "" if self.worse is None else (", worse" if self.worse else ", better")
         return (f"{self.deployment} c{self.parallel} {self.metric}: {self.kind} from {where}, "
                 f"{self.before:,.4g} -> {self.after:,.4g} ({self.relative_change:+.1%}{verdict}, "
@@ -200,24 +246,28 @@ def history_change_points(nights: Sequence[NightRecord], metrics: Sequence[str] 
     groups: dict[object, list[NightRecord]] = {}
     for night in ordered:
         groups.setdefault(night.key, []).append(night)
-    series: list[tuple[str, int, str, list[str], list[float]]] = []
+    series: list[tuple[str, int, str, list[str], list[float], list[bool]]] = []
     for group in groups.values():
         for dep, parallel in sorted({p for n in group for p in n.points()}):
             for metric in metrics:
-                pairs = [(n.night_id, v) for n in group if (v := n.value(dep, parallel, metric)) is not None]
-                series.append((dep, parallel, metric, [i for i, _ in pairs], [v for _, v in pairs]))
+                pairs = [(n, v) for n in group if (v := n.value(dep, parallel, metric)) is not None]
+                builds = [n.build_of(dep) for n, _ in pairs]
+                changed = [i > 0 and builds[i] != builds[i - 1] for i in range(len(builds))]
+                series.append((dep, parallel, metric, [n.night_id for n, _ in pairs], [v for _, v in pairs],
+                               changed))
     if not series:
         return []
-    threshold = _benjamini_hochberg([_first_p_value(values, settings) for *_, values in series],
+    threshold = _benjamini_hochberg([_first_p_value(values, settings) for *_, values, _ in series],
                                     settings.false_discovery_rate)
     strict = replace(settings, alpha=min(settings.alpha, threshold))
     out: list[ChangePoint] = []
-    for dep, parallel, metric, ids, values in series:
+    for dep, parallel, metric, ids, values, changed in series:
         if threshold <= 0:
             break
-        for c in detect_changes(values, strict):
+        for c in detect_changes(values, strict, changed):
             better = METRIC_BETTER.get(metric)
             worse = None if better is None else (c.after < c.before if better == "higher" else c.after > c.before)
             out.append(ChangePoint(dep, parallel, metric, ids[c.index], ids[c.earliest], ids[c.latest], c.kind,
-                                   c.before, c.after, c.relative_change, c.p_value, worse))
+                                   c.before, c.after, c.relative_change, c.p_value, worse,
+                                   best_night=ids[c.best], dated_by=c.dated_by))
     return out

@@ -92,8 +92,12 @@ def synthetic_night(index: int, *, rng: np.random.Generator, noise: float = 0.03
                        deployments=deps, rows=rows)
 
 
-def synthetic_history(nights: int = 12, *, seed: int = 0, noise: float = 0.03,
-                      changes: Sequence[Change] = ()) -> list[NightRecord]:
-    """`nights` comparable nights, oldest first."""
+def synthetic_history(nights: int = 12, *, seed: int = 0, noise: float = 0.03, changes: Sequence[Change] = (),
+                      vllm_commits: Sequence[str] | None = None) -> list[NightRecord]:
+    """`nights` comparable nights, oldest first; vllm_commits: each night's build (default: one build)."""
     rng = np.random.default_rng(seed)
-    return [synthetic_night(i, rng=rng, noise=noise, changes=changes) for i in range(1, nights + 1)]
+    if vllm_commits is not None and len(vllm_commits) != nights:
+        raise ValueError(f"{len(vllm_commits)} vLLM commits for {nights} nights")
+    return [synthetic_night(i, rng=rng, noise=noise, changes=changes,
+                            **({} if vllm_commits is None else {"vllm_commit": vllm_commits[i - 1]}))
+            for i in range(1, nights + 1)]
