@@ -167,3 +167,15 @@ def test_dashboard_opens_offline_in_headless_chromium_with_a_chart_per_metric_an
     assert any(link.endswith(f"nights/{night}.html") for link in index["links"])
     linked = [link for link in night_page["links"] if "/artifacts/" in link]
     assert linked and all(Path(link.removeprefix("file://")).is_file() for link in linked)
+
+
+def test_nights_started_within_one_minute_are_told_apart_by_their_ids(tmp_path: Path) -> None:
+    """A replayed or simulated history can start a night a second: the x labels fall back to the ids."""
+    store = NightStore(tmp_path / "history")
+    nights = synthetic_history(4)
+    for i, night in enumerate(nights):
+        store.add(night.model_copy(update={"started_at": f"2026-12-01T21:23:{10 + i:02d}Z"}))
+    build_dashboard(store, tmp_path / "site")
+    index = (tmp_path / "site" / "index.html").read_text()
+    assert all(f">{n.night_id}</text></a>" in index for n in nights)
+    assert "12-01 21:23</text>" not in index

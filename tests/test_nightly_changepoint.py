@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.nightly.changepoint import DetectorSettings, detect_changes, history_change_points
+from harness.nightly.changepoint import DetectorSettings, detect_changes, grouped, history_change_points
 from harness.nightly.synthetic import HISPARSE, Change, synthetic_history
 
 DRIFT = Change("interactivity_tok_s_user", 5, per_night=-0.02, deployment=HISPARSE, parallel=16)
@@ -137,3 +137,14 @@ def test_small_moves_are_not_reported_however_certain() -> None:
     y = [100.0] * 6 + [99.0] * 6  # a clean 1% step: significant, below min_relative_change
     assert detect_changes(y) == []
     assert detect_changes(y, DetectorSettings(min_relative_change=0.005))[0].index == 6
+
+
+def test_one_change_seen_at_every_point_of_an_arm_reads_as_one_line() -> None:
+    step = Change("total_tok_s_per_gpu", 6, factor=0.85, deployment=HISPARSE)  # every point of the arm
+    nights = synthetic_history(12, seed=1, noise=0.01, changes=[step])
+    changes = history_change_points(nights)
+    assert sorted(c.parallel for c in changes) == [1, 16, 32]
+    [group] = grouped(changes)
+    assert group.night_id == nights[5].night_id and len(group.members) == 3
+    assert group.text.startswith(f"{HISPARSE} c1, c16, c32: step from {nights[5].night_id}: total_tok_s_per_gpu -1")
+    assert "(worse, p<=" in group.text

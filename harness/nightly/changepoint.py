@@ -213,6 +213,42 @@ class ChangePoint:
                 f"p={self.p_value:.2g})")
 
 
+@dataclass(frozen=True)
+class ChangeGroup:
+    """The change points of one deployment with the same date, shape and range: most often one cause
+    (a build, the machine) seen at several points and in several metrics, so it reads as one line."""
+
+    deployment: str
+    members: tuple[ChangePoint, ...]
+
+    @property
+    def night_id(self) -> str:
+        return self.members[0].night_id
+
+    @property
+    def text(self) -> str:
+        first = self.members[0]
+        points = ", ".join(f"c{p}" for p in sorted({c.parallel for c in self.members}))
+        moves: dict[str, list[float]] = {}
+        for c in self.members:
+            moves.setdefault(c.metric, []).append(c.relative_change)
+        moved = ", ".join(f"{metric} {min(r):+.1%}" + ("" if f"{min(r):+.1%}" == f"{max(r):+.1%}" else
+                                                       f" to {max(r):+.1%}") for metric, r in moves.items())
+        verdicts = {c.worse for c in self.members} - {None}
+        verdict = {frozenset({True}): "worse, ", frozenset({False}): "better, "}.get(frozenset(verdicts),
+                                                                                  "mixed, " if verdicts else "")
+        return (f"{self.deployment} {points}: {first.kind} from {first.where}: {moved} "
+                f"({verdict}p<={max(c.p_value for c in self.members):.2g})")
+
+
+def grouped(changes: Sequence[ChangePoint]) -> list[ChangeGroup]:
+    """One group per (deployment, date, shape, range), in the order their first member comes."""
+    groups: dict[tuple[str, str, str, str], list[ChangePoint]] = {}
+    for c in changes:
+        groups.setdefault((c.deployment, c.night_id, c.kind, c.where), []).append(c)
+    return [ChangeGroup(key[0], tuple(members)) for key, members in groups.items()]
+
+
 def _trimmed(values: Sequence[float], settings: DetectorSettings) -> np.ndarray:
     return np.asarray(values, dtype=float)[-settings.max_nights:]
 

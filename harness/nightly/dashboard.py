@@ -18,7 +18,7 @@ from html import escape
 from pathlib import Path
 
 from harness.io import atomic_write_text
-from harness.nightly.changepoint import ChangePoint, history_change_points
+from harness.nightly.changepoint import ChangePoint, grouped, history_change_points
 from harness.nightly.gate import GateResult, gate_history
 from harness.nightly.markdown import number, regression_report
 from harness.nightly.record import NightRecord
@@ -77,12 +77,14 @@ def _copy_artifacts(store: NightStore, night: NightRecord, out_dir: Path, warnin
 
 
 def _x_labels(nights: Sequence[NightRecord]) -> list[str]:
-    """The date of each night; with the time too where two nights share a date (a re-run, a test)."""
+    """The date of each night; with the time too where two nights share a date (a re-run), and the
+    night ids where two share the minute too (a test, a replay)."""
     starts = [(n.started_at or n.night_id) for n in nights]
     dates = [s[:10] for s in starts]
     if len(set(dates)) == len(dates):
         return dates
-    return [s[5:16].replace("T", " ") if len(s) >= 16 and s[10] == "T" else s for s in starts]
+    times = [s[5:16].replace("T", " ") if len(s) >= 16 and s[10] == "T" else s for s in starts]
+    return times if len(set(times)) == len(times) else [n.night_id for n in nights]  # same minute: the ids
 
 
 def _charts(nights: Sequence[NightRecord], results: Sequence[GateResult], changes: Sequence[ChangePoint],
@@ -130,7 +132,12 @@ def _index(nights: Sequence[NightRecord], results: Sequence[GateResult], changes
                     f'<td class="num">{count if night.night_id in starts else "-"}</td><td>{report}</td></tr>')
     body.append("</table>")
     if changes:
-        body += ["<h2>Change points</h2>", "<ul>"] + [f"<li>{escape(c.text)}</li>" for c in changes] + ["</ul>"]
+        body += ["<h2>Change points</h2>", "<ul>"]
+        for group in grouped(changes):
+            each = "".join(f"<li>{escape(c.text)}</li>" for c in group.members)
+            body.append(f"<li>{escape(group.text)}<details><summary>{len(group.members)} series</summary>"
+                        f"<ul>{each}</ul></details></li>")
+        body.append("</ul>")
     for metric in metrics:
         better = METRIC_BETTER.get(metric)
         body.append(f"<h2>{escape(metric)}</h2>" + (f"<p>{better} is better</p>" if better else ""))

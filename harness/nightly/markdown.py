@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from harness.nightly.changepoint import ChangePoint
+from harness.nightly.changepoint import ChangePoint, grouped
 from harness.nightly.gate import Finding, GateResult
 from harness.nightly.record import NightRecord
 
@@ -48,11 +48,16 @@ def _causes(result: GateResult) -> list[str]:
         [f"- {c.text}" for c in result.likely_causes]
 
 
-def _change_lines(change_points: Sequence[ChangePoint]) -> list[str]:
+def _change_lines(change_points: Sequence[ChangePoint], *, each: bool = True) -> list[str]:
+    """The change points, a line per group of the same change; `each`: every series under its group."""
     if not change_points:
         return []
-    return ["Change points in the history (step or slow drift; the night named is the first of it):"] + \
-        [f"- {cp.text}" for cp in change_points]
+    lines = ["Change points in the history (step or slow drift; the night named is the first of it):"]
+    for group in grouped(change_points):
+        lines.append(f"- {group.text}")
+        if each and len(group.members) > 1:
+            lines += [f"  - {cp.text}" for cp in group.members]
+    return lines
 
 
 def step_summary(result: GateResult, night: NightRecord, change_points: Sequence[ChangePoint] = ()) -> str:
@@ -64,7 +69,7 @@ def step_summary(result: GateResult, night: NightRecord, change_points: Sequence
         lines += [f"**{len(result.findings)} finding(s)**", ""] + findings_table(result.findings) + [""]
     else:
         lines += ["No regression found.", ""]
-    for block in (_causes(result), _change_lines(change_points),
+    for block in (_causes(result), _change_lines(change_points, each=False),
                   (["Notes:"] + [f"- {n}" for n in result.notes]) if result.notes else []):
         if block:
             lines += block + [""]
@@ -84,7 +89,8 @@ def _environment(night: NightRecord) -> list[str]:
         hisparse = {True: "on", False: "OFF", None: "unknown"}[facts.hisparse_active] \
             if facts.hisparse_requested else "not requested"
         lines.append(f"- `{dep}`: vLLM `{facts.vllm_version or '?'}` commit `{facts.vllm_commit or '?'}`, "
-                     f"kernels `{(facts.kernel_hash or '-')[:16]}`, HiSparse {hisparse}")
+                     f"kernels `{(facts.kernel_hash or '-')[:16]}`, launch profile `{facts.launch_sha256 or '?'}`, "
+                     f"HiSparse {hisparse}")
     return lines
 
 
