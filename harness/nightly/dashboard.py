@@ -87,6 +87,14 @@ def _x_labels(nights: Sequence[NightRecord]) -> list[str]:
     return times if len(set(times)) == len(times) else [n.night_id for n in nights]  # same minute: the ids
 
 
+def _changes_text(changes: Sequence[ChangePoint], short: bool = False) -> str:
+    """'2 change(s) in 24 series': a change seen at every point and metric of an arm is one change."""
+    groups = len(grouped(changes))
+    if short:
+        return f"{groups} ({len(changes)} series)"
+    return f"{groups} change point(s) in {len(changes)} series" if changes else "no change point"
+
+
 def _charts(nights: Sequence[NightRecord], results: Sequence[GateResult], changes: Sequence[ChangePoint],
             metrics: Sequence[str]) -> list[TrendChart]:
     ids = [n.night_id for n in nights]
@@ -117,7 +125,7 @@ def _index(nights: Sequence[NightRecord], results: Sequence[GateResult], changes
         last, result = nights[-1], results[-1]
         body.append(f"<p>Latest night <a href=\"nights/{escape(last.night_id)}.html\">{escape(last.night_id)}"
                     f"</a>: {_outcome(result)}, {len(result.findings)} finding(s). {len(nights)} night(s) in "
-                    f"the history; {len(changes)} change point(s).</p>")
+                    f"the history; {_changes_text(changes)}.</p>")
     else:
         body.append("<p>The history is empty.</p>")
     body += ["<h2>Nights</h2>", "<table><tr><th>night</th><th>started</th><th>gate</th><th>findings</th>"
@@ -125,7 +133,7 @@ def _index(nights: Sequence[NightRecord], results: Sequence[GateResult], changes
     starts = {c.night_id for c in changes}
     for night, result in reversed(list(zip(nights, results, strict=True))):
         report = f'<a href="{escape(night.report_path)}">report</a>' if night.report_path else "-"
-        count = sum(c.night_id == night.night_id for c in changes)
+        count = _changes_text([c for c in changes if c.night_id == night.night_id], short=True)
         body.append(f'<tr><td><a href="nights/{escape(night.night_id)}.html">{escape(night.night_id)}</a></td>'
                     f"<td>{escape(night.started_at or '-')}</td><td>{_outcome(result)}</td>"
                     f'<td class="num">{len(result.findings)}</td>'
