@@ -206,10 +206,18 @@ class ChangePoint:
 
     @property
     def text(self) -> str:
-        where = self.where
+        return (f"{self.deployment} c{self.parallel} {self.metric}: {self.kind} from {self.where}, "
+                f"{self.levels}")
+
+    @property
+    def short(self) -> str:
+        """The series and its levels, for a line under its group (which says where and when)."""
+        return f"c{self.parallel} {self.metric}: {self.levels}"
+
+    @property
+    def levels(self) -> str:
         verdict = "" if self.worse is None else (", worse" if self.worse else ", better")
-        return (f"{self.deployment} c{self.parallel} {self.metric}: {self.kind} from {where}, "
-                f"{self.before:,.4g} -> {self.after:,.4g} ({self.relative_change:+.1%}{verdict}, "
+        return (f"{self.before:,.4g} -> {self.after:,.4g} ({self.relative_change:+.1%}{verdict}, "
                 f"p={self.p_value:.2g})")
 
 
@@ -228,6 +236,8 @@ class ChangeGroup:
     @property
     def text(self) -> str:
         first = self.members[0]
+        if len(self.members) == 1:
+            return first.text
         points = ", ".join(f"c{p}" for p in sorted({c.parallel for c in self.members}))
         moves: dict[str, list[float]] = {}
         for c in self.members:

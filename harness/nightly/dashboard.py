@@ -142,7 +142,7 @@ def _index(nights: Sequence[NightRecord], results: Sequence[GateResult], changes
     if changes:
         body += ["<h2>Change points</h2>", "<ul>"]
         for group in grouped(changes):
-            each = "".join(f"<li>{escape(c.text)}</li>" for c in group.members)
+            each = "".join(f"<li>{escape(c.short)}</li>" for c in group.members)
             body.append(f"<li>{escape(group.text)}<details><summary>{len(group.members)} series</summary>"
                         f"<ul>{each}</ul></details></li>")
         body.append("</ul>")

@@ -56,7 +56,7 @@ def _change_lines(change_points: Sequence[ChangePoint], *, each: bool = True) ->
     for group in grouped(change_points):
         lines.append(f"- {group.text}")
         if each and len(group.members) > 1:
-            lines += [f"  - {cp.text}" for cp in group.members]
+            lines += [f"  - {cp.short}" for cp in group.members]
     return lines
 
 
