@@ -81,6 +81,7 @@ class PointMetrics(Record):
     occupancy_mean_running: float | None = None
     mean_waiting: float | None = None
     max_running: float | None = None
+    decode_batch_mean: float | None = None
     mtp_acceptance_length: float | None = None
     preemptions: float | None = None
     kv_usage_mean: float | None = None

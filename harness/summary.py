@@ -68,6 +68,8 @@ COLUMNS: tuple[Column, ...] = (
        "metrics"),
     _c("mean_waiting", "float", "requests", "mean of vllm:num_requests_waiting samples", "metrics"),
     _c("max_running", "float", "requests", "largest vllm:num_requests_running sample", "metrics"),
+    _c("decode_batch_mean", "float", "requests",
+       "d(vllm:generation_tokens_total) / d(engine steps) / MTP acceptance length: requests per step", "metrics"),
     _c("mtp_acceptance_length", "float", "tokens/step", "1 + d(accepted tokens) / d(drafts); empty without MTP",
        "metrics"),
     _c("preemptions", "float", "count", "d(vllm:num_preemptions_total) over the point", "metrics"),

@@ -164,3 +164,31 @@ def test_counter_delta_sums_increases_across_resets(steps, start):
     delta = counter_delta(snapshots, "c_total")
     assert delta is not None
     assert delta.delta == expected and len(delta.reset_steps) == resets
+
+
+def _scrapes(series: dict[str, list[float]]) -> list[ScrapeRecord]:
+    """One engine's samples, a scrape a second: series[name][i] at scrape i."""
+    return [ScrapeRecord(t=float(i), scrape=i, name=name, value=values[i])
+            for name, values in series.items() for i in range(len(values))]
+
+
+def test_the_decode_batch_comes_from_counters_when_every_gauge_sample_saw_an_idle_server():
+    # a busy frontend answered each scrape between bursts: the gauge reads 0 throughout, the engine
+    # meanwhile took 600 steps generating 1,200 tokens
+    records = _scrapes({"vllm:num_requests_running": [0.0] * 4,
+                        "vllm:generation_tokens_total": [100.0, 500.0, 900.0, 1300.0],
+                        "vllm:iteration_tokens_total_count": [50.0, 250.0, 450.0, 650.0]})
+    m = derive_point_metrics(records, None, gpus_per_server=1)
+    assert m.occupancy_mean_running is None and m.max_running == 0.0
+    assert m.decode_batch_mean == pytest.approx(2.0)
+    # speculating: each request-step yields the acceptance length, 1 + 300 / 150 = 3 tokens
+    spec = _scrapes({"vllm:generation_tokens_total": [0.0, 1800.0], "vllm:iteration_tokens_total_count": [0.0, 300.0],
+                     "vllm:spec_decode_num_accepted_tokens_total": [0.0, 300.0],
+                     "vllm:spec_decode_num_drafts_total": [0.0, 150.0]})
+    assert derive_point_metrics(spec, None, gpus_per_server=1).decode_batch_mean == pytest.approx(2.0)
+    # drafts counted but none this point: the tokens per request-step are unknown, so is the batch
+    idle_spec = _scrapes({"vllm:generation_tokens_total": [0.0, 10.0], "vllm:iteration_tokens_total_count": [0.0, 10.0],
+                          "vllm:spec_decode_num_drafts_total": [5.0, 5.0]})
+    assert derive_point_metrics(idle_spec, None, gpus_per_server=1).decode_batch_mean is None
+    # no step histogram (an older server): unknown, not 0
+    assert derive_point_metrics(_scrapes({"vllm:generation_tokens_total": [0.0, 10.0]}), None, 1).decode_batch_mean is None

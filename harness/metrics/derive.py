@@ -44,7 +44,10 @@ PREFIX_HITS = "vllm:prefix_cache_hits_total"
 SERVER_TPOT = "vllm:request_time_per_output_token_seconds"
 # Counters every vLLM exposes: a restart shows in them even when no derived metric reads them.
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
-RESET_WITNESSES = (PROMPT_TOKENS, "vllm:generation_tokens_total", "vllm:request_success_total")
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+RESET_WITNESSES = (PROMPT_TOKENS, GENERATION_TOKENS, "vllm:request_success_total")
+# a histogram of the tokens each engine step scheduled: its count is the number of steps
+ITERATION_TOKENS = "vllm:iteration_tokens_total"
 
 LabelKey = tuple[tuple[str, str], ...]
 
@@ -179,13 +182,17 @@ def _gauge_metrics(snapshots: list[Snapshot]) -> dict[str, float | None]:
 def _counter_metrics(snapshots: list[Snapshot], window_s: float | None) -> tuple[dict, frozenset[int]]:
     d = {name: counter_delta(snapshots, name) for name in (
         PREEMPTIONS, SPEC_ACCEPTED, SPEC_DRAFTS, OFFLOAD_LOAD_BYTES, OFFLOAD_STORE_BYTES, HISPARSE_HITS,
-        HISPARSE_MISSES, HISPARSE_H2D_BYTES, PREFIX_QUERIES, PREFIX_HITS, *RESET_WITNESSES)}
+        HISPARSE_MISSES, HISPARSE_H2D_BYTES, PREFIX_QUERIES, PREFIX_HITS, *RESET_WITNESSES,
+        f"{ITERATION_TOKENS}_count")}
     seconds = window_s if window_s is not None and window_s > 0 else None
     hits, misses = _value(d[HISPARSE_HITS]), _value(d[HISPARSE_MISSES])
     accepted_per_draft = _ratio(_value(d[SPEC_ACCEPTED]), _value(d[SPEC_DRAFTS]))
     server_tpot_s, tpot_resets = histogram_mean(snapshots, SERVER_TPOT)
+    acceptance = None if accepted_per_draft is None else 1.0 + accepted_per_draft
     metrics = {
-        "mtp_acceptance_length": None if accepted_per_draft is None else 1.0 + accepted_per_draft,
+        "mtp_acceptance_length": acceptance,
+        "decode_batch_mean": _decode_batch(_value(d[GENERATION_TOKENS]), _value(d[f"{ITERATION_TOKENS}_count"]),
+                                           acceptance, speculating=d[SPEC_DRAFTS] is not None),
         "preemptions": _value(d[PREEMPTIONS]),
         "offload_load_bytes": _value(d[OFFLOAD_LOAD_BYTES]),
         "offload_store_bytes": _value(d[OFFLOAD_STORE_BYTES]),
@@ -204,6 +211,18 @@ def _counter_metrics(snapshots: list[Snapshot], window_s: float | None) -> tuple
                                             and server_tpot_s > 0 else None),
     }
     return metrics, _resets(*d.values()) | tpot_resets
+
+
+def _decode_batch(generated: float | None, steps: float | None, acceptance: float | None, *,
+                  speculating: bool) -> float | None:
+    """Requests that generated per engine step: tokens generated / steps, over tokens per request-step.
+
+    Counters, so only the first and last scrape matter: where the frontend answers /metrics late (a
+    busy host) the running gauge can miss every busy moment of a point, these cannot."""
+    per_step = _ratio(generated, steps)
+    if per_step is None or (speculating and acceptance is None):
+        return None
+    return per_step / acceptance if speculating and acceptance else per_step
 
 
 def derive_point_metrics(records: list[ScrapeRecord], summary: EvalScopeSummary | None,

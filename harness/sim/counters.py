@@ -63,6 +63,7 @@ class EngineCounters:
     hisparse_host_to_device_bytes: int = 0
     hisparse_spills: int = 0             # requests moved from full to mixed residency
     steps: int = 0
+    step_tokens: int = 0                 # tokens scheduled, summed over steps (vLLM's iteration histogram)
     busy_s: float = 0.0
 
 

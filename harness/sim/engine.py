@@ -143,6 +143,7 @@ class Engine:
             if self._is_done(state):
                 finished.append(self._finish(state, end_s))
         self.counters.steps += 1
+        self.counters.step_tokens += sum(n for _, n in scheduled)
         self.counters.busy_s += duration_s
         return StepResult(now_s, duration_s, tokens, finished, preempted, sum(n for _, n in scheduled))
 

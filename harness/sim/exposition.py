@@ -98,6 +98,11 @@ class EngineCollector:
                                 c.spec_decode_num_draft_tokens)
             yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
                                 c.spec_decode_num_accepted_tokens)
+        # vLLM's tokens-per-step histogram; only its count (the steps) and sum are modelled
+        steps = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per "
+                                      "engine_step.", labels=self.labels)
+        steps.add_metric(self.values, buckets=[("+Inf", float(c.steps))], sum_value=float(c.step_tokens))
+        yield steps
         yield self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in "
                               "seconds.", h.time_to_first_token)
         yield self._histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
