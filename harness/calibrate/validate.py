@@ -57,6 +57,8 @@ def _rows(run: ObservedRun, sim_dir: Path, calibration_points: Sequence[str]) ->
             total_tok_s_predicted=sim.summary.total_throughput_tok_s if sim.summary else None,
             occupancy_measured=measured.occupancy_mean_running if measured else None,
             occupancy_predicted=sim.metrics.occupancy_mean_running,
+            decode_batch_measured=measured.decode_batch_mean if measured else None,
+            decode_batch_predicted=sim.metrics.decode_batch_mean,
             preemptions_measured=measured.preemptions if measured else None,
             preemptions_predicted=sim.metrics.preemptions))
     return rows
@@ -101,7 +103,7 @@ def _num(value: float | None, digits: int = 2) -> str:
 def validation_table(rows: Sequence[ValidationRow]) -> str:
     """The per-point comparison as aligned text (measured / predicted, error)."""
     header = ("point", "held out", "TPOT ms (meas/pred)", "err", "total tok/s (meas/pred)", "err",
-              "occupancy (meas/pred)", "preemptions (meas/pred)")
+              "occupancy (meas/pred)", "decode batch (meas/pred)", "preemptions (meas/pred)")
     lines = [header]
     for r in rows:
         lines.append((r.point, "yes" if r.held_out else "no (fit)",
@@ -109,6 +111,7 @@ def validation_table(rows: Sequence[ValidationRow]) -> str:
                       f"{_num(r.total_tok_s_measured, 0)} / {_num(r.total_tok_s_predicted, 0)}",
                       _pct(r.total_tok_s_predicted, r.total_tok_s_measured),
                       f"{_num(r.occupancy_measured, 1)} / {_num(r.occupancy_predicted, 1)}",
+                      f"{_num(r.decode_batch_measured, 1)} / {_num(r.decode_batch_predicted, 1)}",
                       f"{_num(r.preemptions_measured, 0)} / {_num(r.preemptions_predicted, 0)}"))
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines)

@@ -114,6 +114,9 @@ class ValidationRow(StrictModel):
     total_tok_s_predicted: float | None = None
     occupancy_measured: float | None = None
     occupancy_predicted: float | None = None
+    # requests per engine step, from counters: known where the sampled occupancy missed every busy moment
+    decode_batch_measured: float | None = None
+    decode_batch_predicted: float | None = None
     preemptions_measured: float | None = None
     preemptions_predicted: float | None = None
 
