@@ -5,7 +5,8 @@ cores the client's is unreliable (docs/tpot.md).
 
 What is asserted, and what is only reported (docs/calibration.md, "What the test holds"): preemptions
 predicted where the real server preempted, at every pressured point; within the calibrated concurrencies
-(up to c4) occupancy within one request at every held-out point, and TPOT and throughput within GROSS at
+(up to c4) occupancy within one request at every held-out point (the engine's requests per step where no
+scrape caught the server busy), and TPOT and throughput per request in the engine's batch within GROSS at
 the held-out points of the server the fit measured that ran without preemption (baseline c2). The target
 is TOLERANCE (20%), and the table printed with every run says how far each point is from it. It is not
 the assertion because the real engine's own noise on this 2-core machine is as large: neighbouring
@@ -48,6 +49,10 @@ def _deployment(point: str) -> str:
 CALIBRATED_DEPLOYMENTS = {_deployment(p) for p in CALIBRATION_POINTS}
 
 
+def _per_request(total_tok_s: float | None, batch: float | None) -> float | None:
+    return None if total_tok_s is None or not batch else total_tok_s / batch
+
+
 def _misses(row: ValidationRow) -> list[str]:
     out = []
     if row.point.startswith("cpu-pressured") and \
@@ -59,16 +64,25 @@ def _misses(row: ValidationRow) -> list[str]:
     # Timing is held only on the server the fit measured: two servers of the same build running the same
     # c1 workload here differ by up to 44% (the module docstring), which no simulator can predict. A
     # preempting point's timing swings with which request was preempted.
+    # Throughput is held per request in the engine's batch: how many requests the 2-core frontend keeps
+    # in the engine is its own (baseline c2 ran 1.2 per step in one run, 1.9 in another, against 2
+    # clients), and the simulator models the engine, not the frontend; the raw throughput is in the table.
     if _deployment(row.point) in CALIBRATED_DEPLOYMENTS and not row.preemptions_measured:
         checks = [("TPOT", row.tpot_ms_predicted, row.tpot_ms_measured),
-                  ("total throughput", row.total_tok_s_predicted, row.total_tok_s_measured)]
+                  ("throughput per request in the batch", _per_request(row.total_tok_s_predicted,
+                                                                       row.decode_batch_predicted),
+                   _per_request(row.total_tok_s_measured, row.decode_batch_measured))]
     for what, predicted, measured in checks:
         rel = ValidationRow.rel(predicted, measured)
         if rel is None or abs(rel) > GROSS:
             out.append(f"{row.point}: {what} {predicted} vs {measured} measured")
-    if row.occupancy_predicted is None or row.occupancy_measured is None or \
-            abs(row.occupancy_predicted - row.occupancy_measured) > 1.0:
-        out.append(f"{row.point}: occupancy {row.occupancy_predicted} vs {row.occupancy_measured} measured")
+    # The sampled occupancy where a scrape saw the server busy, else the engine's requests per step from
+    # its counters: on 2 cores the frontend can answer every scrape of a point between bursts (docs/metrics.md,
+    # "Occupancy two ways"), and a point with its occupancy unknown still ran a measurable batch.
+    measured = row.occupancy_measured if row.occupancy_measured is not None else row.decode_batch_measured
+    if row.occupancy_predicted is None or measured is None or abs(row.occupancy_predicted - measured) > 1.0:
+        out.append(f"{row.point}: occupancy {row.occupancy_predicted} vs {row.occupancy_measured} measured "
+                   f"(decode batch {row.decode_batch_measured})")
     return out
 
 

@@ -49,7 +49,8 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
         assert not record.simulated
         assert record.summary.success_requests == record.number * 3  # three turns per conversation
         m = record.metrics
-        assert m.occupancy_mean_running is not None, key  # the gauge was scraped in the window
+        # the engine's batch from its counters, whenever the scrapes landed (docs/metrics.md)
+        assert m.decode_batch_mean is not None and 0 < m.decode_batch_mean <= key[1], (key, m.decode_batch_mean)
         assert m.mean_tpot_ms > 0 and m.server_tpot_ms > 0, key  # client and server side both
         # EvalScope's per-request rows are read and give back its own TPOT, unrounded: the client side of
         # the TPOT check, with the replies that arrived in one burst (docs/tpot.md)
@@ -60,11 +61,12 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
         for family in REQUIRED_FAMILIES:
             assert any(n == family or n.startswith(family + "_") for n in names), (key, family)
 
-    # On 2 shared cores vLLM's frontend refreshes the running gauge late (docs/facts.md §8 addition in
-    # the stop note): a short point can miss it in every scrape, so occupancy > 0 is required of
+    # On 2 shared cores vLLM's frontend answers /metrics between bursts (docs/metrics.md, "Occupancy two
+    # ways"): a point can see its server idle in every scrape, so the sampled occupancy is required of
     # each deployment's sweep, not of every single point.
     for dep in ("cpu-baseline", "cpu-pressured"):
-        assert max(r.metrics.occupancy_mean_running for (d, _c), r in records.items() if d == dep) > 0, dep
+        seen = [r.metrics.occupancy_mean_running for (d, _c), r in records.items() if d == dep]
+        assert any(v is not None and v > 0 for v in seen), (dep, seen)
 
     pressured = records[("cpu-pressured", 4)]
     assert (pressured.metrics.preemptions or 0) > 0 or (pressured.metrics.mean_waiting or 0) > 0, \
