@@ -103,7 +103,7 @@ def test_a_history_with_a_new_vllm_build_from_night_5_names_night_5() -> None:
     ids = [n.night_id for n in nights]
     assert (change.night_id, change.best_night, change.dated_by) == (ids[4], ids[3], "build")
     assert "the first changed build in nights" in change.text and f"best fit {ids[3]}" in change.text
-    # a new harness commit is a new build of every deployment as well
+    # night 5 ran a new vLLM commit, nights 3 and 4 the same build
     assert nights[4].build_of(HISPARSE) != nights[3].build_of(HISPARSE)
     assert nights[3].build_of(HISPARSE) == nights[2].build_of(HISPARSE)
 

@@ -220,9 +220,9 @@ def _decode_batch(generated: float | None, steps: float | None, acceptance: floa
     Counters, so only the first and last scrape matter: where the frontend answers /metrics late (a
     busy host) the running gauge can miss every busy moment of a point, these cannot."""
     per_step = _ratio(generated, steps)
-    if per_step is None or (speculating and acceptance is None):
-        return None
-    return per_step / acceptance if speculating and acceptance else per_step
+    if not speculating or per_step is None:
+        return per_step
+    return None if acceptance is None else per_step / acceptance
 
 
 def derive_point_metrics(records: list[ScrapeRecord], summary: EvalScopeSummary | None,

@@ -60,17 +60,13 @@ class SeriesChange:
     p_value: float
     earliest: int  # positions that fit nearly as well as `index`
     latest: int
+    best: int  # position the change fits best at (`index` unless dated by a build)
     slope: float | None = None  # drift: change per night
-    best_index: int | None = None  # position the change fits best at (None: `index`)
     dated_by: DatedBy = "fit"
-
-    @property
-    def best(self) -> int:
-        return self.index if self.best_index is None else self.best_index
 
     def shifted(self, by: int) -> SeriesChange:
         return replace(self, index=self.index + by, earliest=self.earliest + by, latest=self.latest + by,
-                       best_index=self.best + by)
+                       best=self.best + by)
 
 
 def _fits(y: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -130,7 +126,7 @@ def _best(y: np.ndarray, settings: DetectorSettings, build_changed: Sequence[boo
         relative = (after - before) / abs(before)
     else:
         relative = 0.0 if after == before else float(np.copysign(np.inf, after - before))
-    return SeriesChange(dated, kind, before, after, relative, p_value, earliest, latest, slope, best_index=k,
+    return SeriesChange(dated, kind, before, after, relative, p_value, earliest, latest, k, slope,
                         dated_by="build" if suspects else "fit")
 
 

@@ -142,10 +142,11 @@ class Engine:
                 self._record_tokens(state, emitted, end_s)
             if self._is_done(state):
                 finished.append(self._finish(state, end_s))
+        scheduled_tokens = sum(n for _, n in scheduled)
         self.counters.steps += 1
-        self.counters.step_tokens += sum(n for _, n in scheduled)
+        self.counters.step_tokens += scheduled_tokens
         self.counters.busy_s += duration_s
-        return StepResult(now_s, duration_s, tokens, finished, preempted, sum(n for _, n in scheduled))
+        return StepResult(now_s, duration_s, tokens, finished, preempted, scheduled_tokens)
 
     # ---------------------------------------------------------------- scheduling
 
