@@ -28,6 +28,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("report", "report", "write results/<run>/report.md"),
     ("compare", "compare", "compare a run against a reference; exit 1 on regression"),
     ("build", "build", "create and check the server environment a launch profile names"),
+    ("lock", "lock", "re-resolve the locks of every environment the harness builds (the refresh path)"),
     ("fetch", "fetch", "put a profile's or sweep's model weights on every node that will run a server"),
     ("history", "history", "the nightly history: add a run as a night, list nights, show a night's gate report"),
     ("dashboard", "dashboard", "write the static nightly dashboard of a history (works offline)"),

@@ -64,12 +64,13 @@ def host_ram_gib() -> float | None:
 
 def collect(loaded: LoadedSweep, dataset_path: Path | None, dataset_sha256: str | None, *,
             evalscope_version: str | None = None, client_source: str | None = None,
+            client_lock_sha256: str | None = None,
             simulated: str | None = None, hub_inputs: dict[str, HubInputRecord] | None = None) -> ProvenanceRecord:
     gpu = gpu_info()
     return ProvenanceRecord(
         harness_version=__version__, harness_commit=harness_commit(), python=sys.version.split()[0],
         hostname=platform.node(), os=platform.platform(),
-        evalscope_version=evalscope_version, client_source=client_source,
+        evalscope_version=evalscope_version, client_source=client_source, client_lock_sha256=client_lock_sha256,
         ray_version=package_version("ray"),
         config_files={display_path(p): sha256_file(p) for p in loaded.files},
         dataset_path=display_path(dataset_path) if dataset_path else None, dataset_sha256=dataset_sha256,

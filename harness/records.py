@@ -188,6 +188,7 @@ class ProvenanceRecord(Record):
     os: str | None = None
     evalscope_version: str | None = None
     client_source: str | None = None  # "harness" or the pinned EvalScope spec the points ran
+    client_lock_sha256: str | None = None  # the lock the pinned client was installed from
     ray_version: str | None = None
     config_files: dict[str, str] = Field(default_factory=dict)  # path -> sha256
     dataset_path: str | None = None
@@ -229,6 +230,15 @@ class KernelRecord(Record):
     overlay_dir: str | None = None  # the cached overlay the server had on PYTHONPATH
 
 
+class LockRecord(Record):
+    """The lock an environment was installed from (harness/data/locks/)."""
+
+    recipe: str
+    file: str
+    sha256: str
+    packages: int = 0
+
+
 class BuildRecord(Record):
     """A server's build: the environment, what vLLM and torch it holds, and its kernels."""
 
@@ -246,6 +256,8 @@ class BuildRecord(Record):
     cuda_arch: str | None = None
     build_command: str | None = None
     size_bytes: int | None = None
+    lock: LockRecord | None = None  # None: no lock for this build; `resolved` then says what pip installed
+    resolved: list[str] = Field(default_factory=list)  # name==version of an unlocked build (its pip freeze)
     kernels: str = "vllm"
     kernel: KernelRecord | None = None
 

@@ -181,15 +181,17 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     builds: dict[str, PreparedBuild] = {}
     if options.launcher == "local":
         builds = _prepare_builds_here(todo, options, progress)
-    client_version = plan.client.version
+    client_version, client_lock = plan.client.version, None
     if plan.client.spec is not None:  # EvalScope runs beside the harness: the pinned one is built here, once
-        client_version = ensure_client(plan.client.spec, options.clients_dir, progress).evalscope_version
+        client = ensure_client(plan.client.spec, options.clients_dir, progress)
+        client_version, client_lock = client.evalscope_version, (client.lock or {}).get("sha256")
     dataset = ensure_built(loaded.recipe, plan.dataset.build_conversations)
     progress(f"dataset {display_path(dataset.path)}: {dataset.conversations} conversations"
              f"{' (cached)' if dataset.cached else ''}")
     recorder.record_provenance(provenance.collect(loaded, dataset.path, dataset.sha256,
                                                   evalscope_version=client_version,
                                                   client_source=plan.client.source,
+                                                  client_lock_sha256=client_lock,
                                                   hub_inputs={i.role: i.record() for i in dataset.inputs}),
                                gpu_model=None)
     recorder.update_workload(dataset_sha256=dataset.sha256, conversations_built=dataset.conversations)

@@ -17,6 +17,9 @@ from cpu_vllm_run import cpu_vllm_run  # noqa: F401  (a session fixture: every m
 
 MARKER = "HISPARSE_TEST_SESSION"
 os.environ.setdefault(MARKER, uuid.uuid4().hex)
+# One build session for every process of this run: an environment whose build failed is not built again
+# by the next test that needs it (harness/builds/cached.py); the next test fails at once with the same line.
+os.environ.setdefault("HISPARSE_BUILD_SESSION", os.environ[MARKER])
 # Command-line fragments of the processes the harness starts (servers, clients).
 HARNESS_CHILDREN = ("evalscope", "serve-sim", "vllm.entrypoints", "fake_openai.py", "harness sweep")
 

@@ -153,3 +153,21 @@ def test_thresholds_are_overridable_per_metric_and_checked() -> None:
         GateThresholds.model_validate({"deployment": {"max_rise": 1}})
     with pytest.raises(ValidationError, match="exactly one of"):
         GateThresholds.model_validate({"mean_ttft_ms": {"max_ratio": 1.2, "max_rise": 5}})
+
+
+def test_a_changed_lock_is_named_as_a_likely_cause_like_a_new_vllm_commit() -> None:
+    """The environments' locks are provenance: a night whose server or client lock changed names it."""
+    rng = np.random.default_rng(1)
+    nights = [synthetic_night(i, rng=rng) for i in range(1, 8)]
+    nights = [n.model_copy(update={
+        "deployments": {d: f.model_copy(update={"lock_sha256": "a" * 64}) for d, f in n.deployments.items()},
+        "provenance": n.provenance.model_copy(update={"client_lock_sha256": "c" * 64})}) for n in nights]
+    slow = Change("total_tok_s_per_gpu", 8, factor=0.8)
+    tonight = synthetic_night(8, rng=rng, changes=[slow])
+    tonight = tonight.model_copy(update={
+        "deployments": {d: f.model_copy(update={"lock_sha256": "b" * 64}) for d, f in tonight.deployments.items()},
+        "provenance": tonight.provenance.model_copy(update={"client_lock_sha256": "d" * 64})})
+    result = gate_night(tonight, nights)
+    causes = {(c.deployment, c.field) for c in result.likely_causes}
+    assert causes == {(HISPARSE, "lock_sha256"), (OFFLOAD, "lock_sha256"), (None, "client_lock_sha256")}
+    assert f"lock_sha256 {'a' * 64} -> {'b' * 64}" in regression_report(result, tonight)

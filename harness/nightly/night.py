@@ -56,6 +56,7 @@ def _manifest_facts(m: dict[str, Any]) -> _ManifestFacts:
         deployments[name] = DeploymentFacts(
             vllm_version=build.get("vllm_version") or (dep.get("server_version") or {}).get("version"),
             vllm_commit=build.get("vllm_commit"), kernel_hash=kernel.get("source_sha256"),
+            lock_sha256=(build.get("lock") or {}).get("sha256"),
             launch_sha256=json_digest(launches[name]) if launches.get(name) else None,
             hisparse_requested=requested, hisparse_active=evidence.get("hisparse_active"))
     simulated = bool(m.get("simulated"))
@@ -70,7 +71,8 @@ def _manifest_facts(m: dict[str, Any]) -> _ManifestFacts:
         simulated=simulated, virtual_time=simulated and bool(prov.get("simulated")), gpu=gpu_facts,
         gpus_per_server=m.get("gpus_per_server"),
         provenance=NightProvenance(harness_commit=prov.get("harness_commit"),
-                                   evalscope_version=prov.get("evalscope_version")),
+                                   evalscope_version=prov.get("evalscope_version"),
+                                   client_lock_sha256=prov.get("client_lock_sha256")),
         deployments=deployments)
 
 

@@ -43,6 +43,7 @@ class NightProvenance(BaseModel):
 
     harness_commit: str | None = None
     evalscope_version: str | None = None
+    client_lock_sha256: str | None = None  # the lock the pinned EvalScope was installed from
 
 
 class DeploymentFacts(BaseModel):
@@ -53,6 +54,7 @@ class DeploymentFacts(BaseModel):
     vllm_version: str | None = None
     vllm_commit: str | None = None
     kernel_hash: str | None = None  # the HiSparse kernel module the build installed, when one did
+    lock_sha256: str | None = None  # the lock the server's environment was installed from: a new lock is a cause
     # the resolved launch profile the server ran with (serve flags, KV, env, simulator settings): a changed
     # flag explains a change as well as a new vLLM commit does
     launch_sha256: str | None = None
@@ -61,8 +63,8 @@ class DeploymentFacts(BaseModel):
 
 
 # the provenance fields compared between nights, in the order a report names them
-NIGHT_FIELDS = ("harness_commit", "evalscope_version")
-DEPLOYMENT_FIELDS = ("vllm_commit", "vllm_version", "kernel_hash", "launch_sha256")
+NIGHT_FIELDS = ("harness_commit", "evalscope_version", "client_lock_sha256")
+DEPLOYMENT_FIELDS = ("vllm_commit", "vllm_version", "kernel_hash", "lock_sha256", "launch_sha256")
 
 
 class ComparisonKey(BaseModel):
