@@ -88,7 +88,6 @@ class DeploymentPlan:
     dialect: ResolvedDialect | None  # None where it does not matter (sim, no HiSparse)
     build: BuildPlan | None  # None for the simulated engine
     command: ServerCommand
-    gpus: int  # per-server GPUs for per-GPU numbers (the sweep's gpus_per_server)
     reserve_gpus: int  # GPUs the launcher reserves for the server
     served_model_name: str
     ready_timeout_s: float
@@ -222,13 +221,6 @@ def _sizing(loaded: LoadedSweep, deployment: str) -> Sizing | None:
                   warnings=tuple(sizing_warnings(profile, seq_len, concurrencies)))
 
 
-def _reserved_gpus(loaded: LoadedLaunch, gpus_per_server: int) -> int:
-    profile = loaded.profile
-    if profile.reserve_gpus is not None:
-        return profile.reserve_gpus
-    return 0 if profile.engine == "sim" else gpus_per_server
-
-
 def _refuse(launch: LoadedLaunch) -> PinnedMemory | None:
     """HiSparse's start-time refusals and the pinned memory per node, before anything starts: one
     line each (harness/servers/preflight.py); RAM from the profile's host_ram_gib where declared."""
@@ -281,7 +273,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
             warnings += [f"{dep.name}: {w}" for w in sizing.warnings]
         deployments.append(DeploymentPlan(
             name=dep.name, launch=launch, engine=profile.engine, dialect=command.dialect, build=build,
-            command=command, gpus=sweep.gpus_per_server, reserve_gpus=_reserved_gpus(launch, sweep.gpus_per_server),
+            command=command, reserve_gpus=launch.profile.reserved_gpus(sweep.gpus_per_server),
             served_model_name=profile.served_model_name, ready_timeout_s=profile.effective_ready_timeout_s,
             points=points, sizing=sizing, api_key=api_key, pinned=pinned, weights=weights))
     recipe = loaded.recipe.recipe

@@ -19,7 +19,7 @@ from harness.loadgen import LoadGenerator, LoadRun, fill_client_argv, summary_di
 from harness.metrics.derive import derive_point_metrics
 from harness.metrics.scrape import Scraper, read_scrapes
 from harness.plan import DeploymentPlan, Plan, PointPlan
-from harness.records import EvalScopeSummary, PointRecord
+from harness.records import EvalScopeSummary, FailureKind, PointRecord, point_status
 from harness.results import RunPaths
 from harness.servers.base import ServerHandle, read_log_tail
 from harness.telemetry import GPU_JSONL
@@ -27,10 +27,10 @@ from harness.telemetry import GPU_JSONL
 Progress = Callable[[str], None]
 
 
-def failed_record(plan: Plan, point: PointPlan, reason: str, tail: list[str]) -> PointRecord:
+def failed_record(plan: Plan, point: PointPlan, reason: str, tail: list[str], failure: FailureKind) -> PointRecord:
     now = utc_now_iso()
     return PointRecord(deployment=point.deployment, parallel=point.parallel, number=point.number,
-                       dataset_offset=point.dataset_offset, status="failed", reason=reason,
+                       dataset_offset=point.dataset_offset, status="failed", reason=reason, failure=failure,
                        server_log_tail=tail[-50:], simulated=plan.simulated,
                        gpus_per_server=plan.sweep.sweep.gpus_per_server, started_at=now, ended_at=now)
 
@@ -82,7 +82,7 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
         evalscope_command=argv, evalscope_output_dir=display_path(outputs_dir), simulated=plan.simulated,
         gpus_per_server=sweep.gpus_per_server)
     run_summary = summary_dir(outputs_dir, point.evalscope_name, point.parallel, point.number)
-    summary, reason = _summary_or_reason(run, run_summary, handle, load_generator, stop)
+    summary, reason, failure = _summary_or_reason(run, run_summary, handle, load_generator, stop)
     record.summary = summary
     record.gpu = gpu
     try:  # the per-request rows explain the client's numbers; an unreadable database costs only them
@@ -90,7 +90,7 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     except HarnessError as exc:
         record.warnings.append(f"per-request output unreadable: {exc}")
     if reason is not None:
-        record.status, record.reason = "failed", reason
+        record.status, record.reason, record.failure = "failed", reason, failure
         record.server_log_tail = handle.log_tail(50)
         progress(f"{dep.name}: c{point.parallel} failed: {reason}")
     records = read_scrapes(scrapes_path)
@@ -98,8 +98,8 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
                                           window=(started_unix, ended_unix))
     record.warnings = point_warnings(record)
     failed = (summary.failed_requests or 0) if summary is not None else 0
-    if record.status == "ok" and failed > sweep.max_failed_requests:
-        record.status = "degraded"
+    if record.status == "ok" and point_status(failed, sweep.max_failed_requests) == "degraded":
+        record.status, record.failure = "degraded", "requests"
         record.reason = f"{failed} of {summary.total_requests or '?'} requests failed"
         progress(f"{dep.name}: c{point.parallel} degraded: {record.reason}")
     record.wall_s = round(time.monotonic() - t0, 3)
@@ -125,22 +125,24 @@ def _fmt(value: float | None) -> str:
 
 
 def _summary_or_reason(run: LoadRun, run_summary: Path, handle: ServerHandle, load_generator: LoadGenerator,
-                       stop: threading.Event | None) -> tuple[EvalScopeSummary | None, str | None]:
+                       stop: threading.Event | None
+                       ) -> tuple[EvalScopeSummary | None, str | None, FailureKind | None]:
+    """The summary, and why the point failed with the kind of failure (None, None when it did not)."""
     try:
         summary = load_generator.read_summary(run_summary)
     except HarnessError as exc:
-        return None, f"unreadable EvalScope summary: {exc}"
+        return None, f"unreadable EvalScope summary: {exc}", "client"
     if stop is not None and stop.is_set():
-        return summary, "interrupted: the sweep is stopping"
+        return summary, "interrupted: the sweep is stopping", "interrupted"
     if run.interrupted or not handle.alive():
-        return summary, "server died during the point"
+        return summary, "server died during the point", "server"
     if run.timed_out:
-        return summary, f"EvalScope ran past the point timeout ({run.wall_s:.0f}s)"
+        return summary, f"EvalScope ran past the point timeout ({run.wall_s:.0f}s)", "client"
     if run.returncode != 0:
         tail = " | ".join(read_log_tail(run.stdout_path, 3))
-        return summary, f"EvalScope exited with code {run.returncode}: {tail[-300:]}"
+        return summary, f"EvalScope exited with code {run.returncode}: {tail[-300:]}", "client"
     if summary is None:
-        return None, f"EvalScope wrote no summary at {display_path(run_summary / 'benchmark_summary.json')}"
+        return None, f"EvalScope wrote no summary at {display_path(run_summary / 'benchmark_summary.json')}", "client"
     if not summary.success_requests:
-        return summary, f"no request succeeded ({summary.failed_requests or 0} failed)"
-    return summary, None
+        return summary, f"no request succeeded ({summary.failed_requests or 0} failed)", "server"
+    return summary, None, None

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 2
 
@@ -112,6 +112,25 @@ class PointMetrics(Record):
 # degraded: the point ran to its end but more requests failed than the sweep allows (max_failed_requests)
 PointStatus = Literal["ok", "degraded", "failed"]
 
+# Why a point is not ok, as a kind set where the reason is made (never read back from the reason's words):
+#   infrastructure    the point never reached a running server: preflight, a build, a server start
+#   server            the server died during the point, or answered no request
+#   client            the load generator failed: it exited, ran past its timeout, wrote no summary
+#   not_as_requested  the server runs, but not what the profile asked for (HiSparse off)
+#   does_not_fit      the server refused the deployment: one request at this length cannot fit its KV
+#   requests          the point ran, but requests failed (degraded beyond max_failed_requests, or
+#                     requests the simulated engine could never place)
+#   interrupted       the sweep was stopping
+FailureKind = Literal["infrastructure", "server", "client", "not_as_requested", "does_not_fit", "requests",
+                      "interrupted"]
+# What reaching the machine's limits, not the code under test, explains: a nightly does not call it a regression.
+INFRASTRUCTURE_KINDS: frozenset[str] = frozenset({"infrastructure", "interrupted"})
+
+
+def point_status(failed_requests: int, max_failed_requests: int) -> PointStatus:
+    """The one rule for a point that ran to its end: ok, or degraded when more requests failed than allowed."""
+    return "degraded" if failed_requests > max_failed_requests else "ok"
+
 
 class PointRecord(Record):
     """point.json: everything about one (deployment, concurrency) point."""
@@ -123,6 +142,7 @@ class PointRecord(Record):
     dataset_offset: int
     status: PointStatus
     reason: str | None = None
+    failure: FailureKind | None = None  # set with the reason, whenever the point is not ok
     attempt: int = 1
     started_at: str | None = None  # ISO 8601 UTC
     ended_at: str | None = None
@@ -146,6 +166,24 @@ class PointRecord(Record):
     @property
     def point_id(self) -> str:
         return f"p{self.parallel}"
+
+    @model_validator(mode="after")
+    def _legacy_failure(self) -> PointRecord:
+        """Point files written before failures had kinds (schema 2 and older) get one from their status."""
+        if self.failure is None and self.status != "ok":
+            self.failure = "requests" if self.status == "degraded" else _legacy_kind(self.reason or "")
+        return self
+
+
+def _legacy_kind(reason: str) -> FailureKind:
+    """The kind the harness's reasons of the release before kinds meant; used only to read those files."""
+    for prefix, kind in (("server failed to start", "infrastructure"), ("preflight:", "infrastructure"),
+                         ("HiSparse requested but not active", "not_as_requested"), ("interrupted", "interrupted"),
+                         ("server died", "server"), ("no request succeeded", "server"),
+                         ("requests never fit", "requests")):
+        if reason.startswith(prefix) or prefix in reason:
+            return kind  # type: ignore[return-value]
+    return "client"
 
 
 # ---- the manifest ---------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,12 @@ from harness.redact import redact_argv, redact_config, redact_text
 # Point statuses a resumed run skips: the point ran to its end (degraded: some requests failed).
 OK_STATUSES = ("ok", "degraded")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def new_run_id(sweep_name: str, *, simulated: bool = False) -> str:
+    """The one way a run id is made when none is given: the sweep's name, `-sim` for virtual time, and the
+    UTC start time (so ids sort by time)."""
+    return f"{sweep_name}{'-sim' if simulated else ''}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
 
 def run_dir_for(results_root: Path, run_id: str) -> Path:

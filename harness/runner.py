@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -34,7 +33,7 @@ from harness.loadgen import LoadGenerator, with_offset
 from harness.plan import DeploymentPlan, Plan, PointPlan, make_plan
 from harness.point import failed_record, run_point
 from harness.records import BuildRecord, DeploymentRecord, PointRecord, WorkloadRecord
-from harness.results import RunRecorder, run_dir_for
+from harness.results import RunRecorder, new_run_id, run_dir_for
 from harness.servers.base import (
     LOCAL_NODE,
     Launcher,
@@ -76,10 +75,6 @@ class SweepOutcome:
     status: str = "running"
     stopped_by_policy: bool = False
     failures: list[str] = field(default_factory=list)
-
-
-def default_run_id(sweep_name: str) -> str:
-    return f"{sweep_name}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
 
 def make_launcher(options: SweepOptions) -> Launcher:
@@ -162,7 +157,7 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
               launcher: Launcher | None = None, load_generator: LoadGenerator | None = None) -> SweepOutcome:
     started = time.monotonic()
     plan = make_plan(loaded, dialect=options.dialect, envs_dir=options.envs_dir, clients_dir=options.clients_dir)
-    run_id = options.run_id or default_run_id(loaded.sweep.name)
+    run_id = options.run_id or new_run_id(loaded.sweep.name)
     recorder = open_recorder(plan, run_dir_for(options.results_root, run_id))
     outcome = SweepOutcome(run_dir=recorder.paths.root)
 
@@ -293,6 +288,11 @@ def _server_spec(run: _Run, dep: DeploymentPlan) -> ServerSpec:
                       prepare=prepare, model_paths=model_paths)
 
 
+def start_failure_reason(exc: ServerStartError) -> str:
+    """The words a deployment's points record when its server did not start (their kind is exc.failure)."""
+    return exc.reason if isinstance(exc, NotAsRequested) else f"server failed to start: {exc.reason}"
+
+
 class NotAsRequested(ServerStartError):
     """The server started but does not run what the profile asked for (HiSparse off)."""
 
@@ -362,7 +362,7 @@ def _run_deployment(run: _Run, dep: DeploymentPlan, points: list[PointPlan]) -> 
         reason = "preflight: " + "; ".join(preflight.problems)
         run.progress(f"{dep.name}: {reason}")
         for point in points:
-            run.record_point(failed_record(run.plan, point, reason, []))
+            run.record_point(failed_record(run.plan, point, reason, [], "infrastructure"))
         if policy == "stop":
             run.stop_by_policy()
         return
@@ -376,10 +376,11 @@ def _run_deployment(run: _Run, dep: DeploymentPlan, points: list[PointPlan]) -> 
             except ServerStartError as exc:
                 if run.stop.is_set():
                     return
-                reason = exc.reason if isinstance(exc, NotAsRequested) else f"server failed to start: {exc.reason}"
+                reason = start_failure_reason(exc)
+                kind = "not_as_requested" if isinstance(exc, NotAsRequested) else exc.failure
                 run.progress(f"{dep.name}: {reason}")
                 for rest in points[i:]:
-                    run.record_point(failed_record(run.plan, rest, reason, exc.log_tail))
+                    run.record_point(failed_record(run.plan, rest, reason, exc.log_tail, kind))
                 if policy == "stop":
                     run.stop_by_policy()
                 return

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness import provenance
@@ -18,14 +17,13 @@ from harness.metrics.derive import derive_point_metrics
 from harness.metrics.prom import parse_exposition
 from harness.metrics.scrape import ScrapeRecord
 from harness.plan import make_plan
-from harness.records import EvalScopeSummary, PointRecord
-from harness.results import run_dir_for
+from harness.records import EvalScopeSummary, FailureKind, PointRecord, PointStatus, point_status
+from harness.results import new_run_id, run_dir_for
 from harness.runner import open_recorder
 from harness.sim.engine import Engine
 from harness.sim.engine_config import engine_config, stable_seed
 from harness.sim.exposition import MetricsText
 from harness.sim.virtual import PointRun, run_point, shapes_from_recipe
-from harness.summary import write_summary_csv
 
 
 @dataclass(frozen=True)
@@ -44,6 +42,12 @@ class SimulateOutcome:
     points: int
     wall_s: float
     simulated_s: float
+    ok: int = 0
+    degraded: int = 0
+    failed: int = 0
+    skipped: int = 0  # virtual time re-runs every point
+    status: str = "running"
+    failures: list[str] = field(default_factory=list)
 
 
 def evalscope_like_summary(run: PointRun) -> EvalScopeSummary:
@@ -73,12 +77,25 @@ def evalscope_like_summary(run: PointRun) -> EvalScopeSummary:
         time_taken_s=run.duration_s, key_set=">=1.10")
 
 
+def simulated_status(summary: EvalScopeSummary, max_failed_requests: int
+                     ) -> tuple[PointStatus, str | None, FailureKind | None]:
+    """A simulated point's status by the sweep's own rule (records.point_status): requests the engine could
+    never place are failed requests; none served at all is a failed point, as a served sweep says."""
+    failed = summary.failed_requests or 0
+    if not summary.success_requests:
+        return "failed", f"no request succeeded ({failed} failed: they never fit the KV pool)", "server"
+    status = point_status(failed, max_failed_requests)
+    if status == "ok":
+        return "ok", None, None
+    return status, f"{failed} of {summary.total_requests} requests failed (they never fit the KV pool)", "requests"
+
+
 def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print) -> SimulateOutcome:
     wall_start = time.monotonic()
     plan = make_plan(loaded)
     sweep = loaded.sweep
     base_unix = options.start_unix_s if options.start_unix_s is not None else time.time()
-    run_id = options.run_id or f"{sweep.name}-sim-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
+    run_id = options.run_id or new_run_id(sweep.name, simulated=True)
     recorder = open_recorder(plan, run_dir_for(options.results_root, run_id), simulated=True,
                              engine_label="sim (virtual time)", started_at=iso_from_unix(base_unix))
     recorder.record_provenance(provenance.collect(loaded, None, None, simulated=SIMULATED_NOTE))
@@ -88,6 +105,8 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
     keep = sweep.scrape.keep_prefixes
     simulated_s = 0.0
     written = 0
+    counts = {"ok": 0, "degraded": 0, "failed": 0}
+    failures: list[str] = []
     for dep in plan.deployments:
         engine = Engine(engine_config(dep.profile, run_seed=stable_seed(run_id, dep.name)))
         text = MetricsText(engine, dep.served_model_name)
@@ -109,11 +128,10 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
                             scrape_interval_s=sweep.scrape.interval_s, on_scrape=scrape)
             summary = evalscope_like_summary(run)
             metrics = derive_point_metrics(records, summary, sweep.gpus_per_server)
-            failed = summary.failed_requests or 0
+            status, reason, failure = simulated_status(summary, sweep.max_failed_requests)
             record = PointRecord(
                 deployment=dep.name, parallel=point.parallel, number=point.number,
-                dataset_offset=point.dataset_offset, status="ok" if not failed else "failed",
-                reason=f"{failed} requests never fit the KV pool" if failed else None,
+                dataset_offset=point.dataset_offset, status=status, reason=reason, failure=failure,
                 started_at=iso_from_unix(base_unix + run.start_s), ended_at=iso_from_unix(base_unix + run.end_s),
                 started_unix_s=base_unix + run.start_s, ended_unix_s=base_unix + run.end_s,
                 wall_s=run.duration_s, simulated=True, gpus_per_server=sweep.gpus_per_server,
@@ -121,15 +139,17 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
             recorder.write_scrapes(dep.name, point.parallel, [json.dumps(r.to_json()) + "\n" for r in records])
             recorder.record_point(record)
             written += 1
+            counts[record.status] += 1
+            if record.status != "ok":
+                failures.append(f"{dep.name} c{point.parallel}: {record.reason}")
             progress(f"simulate: {dep.name} c{point.parallel}: {record.status}, {run.duration_s:.1f} s simulated, "
                      f"{_fmt(metrics.interactivity_tok_s_user)} tok/s/user, "
                      f"{_fmt(metrics.total_tok_s_per_gpu)} tok/s/GPU, occupancy {_fmt(metrics.occupancy_mean_running)}")
             now = run.end_s + 5.0  # EvalScope's default --sleep-interval between runs
         simulated_s += now
-    recorder.finish(ended_at=iso_from_unix(base_unix + simulated_s))
-    write_summary_csv(recorder.paths.root)
+    status = recorder.finish(ended_at=iso_from_unix(base_unix + simulated_s))
     return SimulateOutcome(run_dir=recorder.paths.root, points=written, wall_s=time.monotonic() - wall_start,
-                           simulated_s=simulated_s)
+                           simulated_s=simulated_s, status=status, failures=failures, **counts)
 
 
 def _fmt(value: float | None) -> str:

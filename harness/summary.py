@@ -47,6 +47,8 @@ COLUMNS: tuple[Column, ...] = (
     _c("dataset_offset", "int", "conversations", "EvalScope --dataset-offset of the point", "point"),
     _c("status", "str", "", "ok, degraded (more failed requests than max_failed_requests) or failed", "point"),
     _c("reason", "str", "", "why the point failed or is degraded (empty when ok)", "point"),
+    _c("failure", "str", "", "the kind of failure when not ok: infrastructure, server, client, not_as_requested, "
+       "does_not_fit, requests or interrupted", "point"),
     _c("simulated", "bool", "", "measured on the simulated engine, not a GPU server", "run"),
     _c("gpu_model", "str", "", "GPU model of the servers (manifest)", "run"),
     _c("gpus_per_server", "int", "GPUs", "GPUs per server, from the sweep file (per-GPU divisor)", "point"),
@@ -227,8 +229,17 @@ def _read_summary_csv(path: Path) -> pd.DataFrame:
 
 
 def _csv_is_current(run_dir: Path) -> bool:
+    """summary.csv is read as it is only when it is newer than every point and has every column this
+    harness writes (a file an older release wrote is recomputed from the points, which it can read)."""
     csv = RunPaths(run_dir).summary_csv
     if not csv.is_file():
+        return False
+    try:
+        with csv.open(encoding="utf-8") as f:
+            header = set(f.readline().strip().split(","))
+    except OSError:
+        return False
+    if not header >= _BY_NAME.keys():
         return False
     newest = max((p.stat().st_mtime for p in run_dir.glob("points/*/p*/point.json")), default=0.0)
     newest = max(newest, RunPaths(run_dir).manifest.stat().st_mtime if RunPaths(run_dir).manifest.exists()

@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, ...]] = [
      "harness.fetch", "harness.weights"),
     ("harness.plan",),
     ("harness.point", "harness.runner", "harness.simulate", "harness.calibrate"),
-    ("harness.report", "harness.nightly"),
+    ("harness.report", "harness.nightly", "harness.session"),
     ("harness.commands", "harness.cli", "harness.__main__"),
 ]
 

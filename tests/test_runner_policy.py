@@ -200,3 +200,23 @@ def test_a_point_whose_scrapes_all_failed_carries_a_warning(tmp_path):
     outcome = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator())  # the fake server answers no /metrics
     point = iter_points(outcome.run_dir)[0]
     assert point.status == "ok" and point.warnings and "every /metrics scrape failed" in point.warnings[0]
+
+
+def test_rewording_a_failure_changes_no_nightly_verdict(tmp_path, monkeypatch):
+    """Whether a night failed for its infrastructure comes from the failure's kind, set where the reason is
+    made; the words can change freely (they once decided the nightly's exit code by their prefix)."""
+    from harness.nightly.gate import gate_night
+    from harness.nightly.night import night_from_run
+    from harness.nightly.run import infrastructure_reasons
+
+    verdicts = []
+    for i, words in enumerate(("server failed to start: {}", "the machine said no ({})")):
+        (tmp_path / str(i)).mkdir()
+        monkeypatch.setattr("harness.runner.start_failure_reason", lambda exc, w=words: w.format(exc.reason))
+        outcome = sweep(tmp_path / str(i), FakeLauncher(fail_start={"a"}), FakeLoadGenerator())
+        night = night_from_run(outcome.run_dir)
+        failed = [r for r in night.rows if r.deployment == "a"]
+        assert {r.failure for r in failed} == {"infrastructure"} and failed[0].reason.startswith(words[:10])
+        night = night.model_copy(update={"infrastructure_failure": infrastructure_reasons(night)})
+        verdicts.append((night.infrastructure_failure is not None, gate_night(night, []).exit_code))
+    assert verdicts == [(True, 2), (True, 2)]

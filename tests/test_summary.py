@@ -26,8 +26,8 @@ from harness.summary import (
 def test_columns_are_the_record_field_names():
     names = [name for name, _, _ in summary_columns()]
     assert len(names) == len(set(names))
-    assert names[:8] == ["run_id", "deployment", "parallel", "number", "dataset_offset", "status", "reason",
-                         "simulated"]
+    assert names[:9] == ["run_id", "deployment", "parallel", "number", "dataset_offset", "status", "reason",
+                         "failure", "simulated"]
     # every measured field has a column of the same name, so README and code cannot drift
     for field in list(PointMetrics.model_fields) + list(EvalScopeSummary.model_fields):
         assert field in names, field

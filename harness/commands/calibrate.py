@@ -12,9 +12,10 @@ from harness.calibrate.output import write_profile
 from harness.calibrate.session import ProfileChoice, calibrate_run, calibrate_table
 from harness.calibrate.table import load_table
 from harness.calibrate.validate import validate_run, validation_table
-from harness.commands.common import add_results_dir, progress, write_run_outputs
+from harness.commands.common import add_results_dir, progress
 from harness.errors import HarnessError
 from harness.io import display_path
+from harness.session import close_run
 from harness.sim.profiles import CoefficientFit
 
 
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
                                                          "validation_run": display_path(outcome.run_dir)})
     write_profile(profile.model_copy(update={"calibration": calibration}), args.out)
     print(validation_table(outcome.report.rows))
-    for line in write_run_outputs(outcome.run_dir):
+    for line in close_run(outcome.run_dir, outputs=True, progress=progress).lines():
         print(line)
     print(f"calibrate: validation run {display_path(outcome.run_dir)} (SIMULATED); comparison written into "
           f"{display_path(args.out)}")

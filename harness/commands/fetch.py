@@ -38,8 +38,7 @@ def servers_of(path: Path) -> list[tuple[str, HubRef | None, int]]:
         plan = make_plan(load_sweep(path))
         return [(d.name, d.weights, d.reserve_gpus) for d in plan.deployments]
     profile = load_launch(path).profile
-    gpus = profile.reserve_gpus if profile.reserve_gpus is not None else profile.serve.gpus
-    return [(path.stem, profile.model_ref, gpus if profile.engine == "vllm" else 0)]
+    return [(path.stem, profile.model_ref, profile.reserved_gpus())]
 
 
 def _node_lines(outcome: WeightsOutcome) -> list[str]:

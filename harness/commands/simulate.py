@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from harness.commands.common import add_no_report, add_results_dir, write_run_outputs
+from harness.commands.common import add_no_report, add_results_dir, progress
 from harness.config import load_sweep
 from harness.io import display_path
-from harness.simulate import SimulateOptions, simulate_sweep
+from harness.session import SessionOptions, run_session
 from harness.summary import summary_table
 
 
@@ -22,12 +23,19 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_sweep(args.sweep)
-    outcome = simulate_sweep(loaded, SimulateOptions(run_id=args.run_id, results_root=args.results_dir))
-    print(summary_table(outcome.run_dir))
-    ratio = outcome.simulated_s / outcome.wall_s if outcome.wall_s > 0 else float("inf")
-    print(f"simulate: {outcome.points} points, {outcome.simulated_s:.0f} s simulated in {outcome.wall_s:.1f} s "
-          f"wall ({ratio:.0f}x); run folder {display_path(outcome.run_dir)} (SIMULATED)")
-    if not args.no_report:
-        for line in write_run_outputs(outcome.run_dir):
-            print(line)
-    return 0
+    result = run_session(loaded, SessionOptions(run_id=args.run_id, results_root=args.results_dir, simulate=True,
+                                                outputs=not args.no_report), progress=progress)
+    if result.error is not None:
+        raise result.error
+    assert result.run_dir is not None
+    print(summary_table(result.run_dir))
+    for failure in result.failures:
+        print(f"  failed: {failure}", file=sys.stderr)
+    ratio = result.simulated_s / result.wall_s if result.wall_s > 0 else float("inf")
+    print(f"simulate: {result.ok + result.degraded + result.failed} points, {result.simulated_s:.0f} s simulated "
+          f"in {result.wall_s:.1f} s wall ({ratio:.0f}x); run folder {display_path(result.run_dir)} (SIMULATED)")
+    for line in result.outputs.warnings:
+        print(line, file=sys.stderr)
+    for line in result.outputs.lines():
+        print(line)
+    return result.exit_code

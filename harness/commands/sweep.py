@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.commands.common import add_dialect, add_no_report, add_results_dir, progress, write_run_outputs
+from harness.commands.common import add_dialect, add_no_report, add_results_dir, progress
 from harness.config import load_sweep
 from harness.io import display_path
-from harness.runner import SweepOptions, run_sweep
-from harness.servers.reaper import reap_stale_servers
-from harness.summary import summary_table, write_summary_csv
+from harness.session import SessionOptions, run_session
+from harness.summary import summary_table
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -29,18 +28,19 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     loaded = load_sweep(args.sweep)
-    for killed in reap_stale_servers():
-        progress(f"stopped a server left behind by an earlier harness: {killed}")
-    options = SweepOptions(run_id=args.run_id, results_root=args.results_dir, launcher=args.launcher,
-                           dialect=args.dialect, ray_gpus=args.ray_gpus)
-    outcome = run_sweep(loaded, options, progress=progress)
-    write_summary_csv(outcome.run_dir)
-    print(summary_table(outcome.run_dir))
-    for failure in outcome.failures:
+    options = SessionOptions(run_id=args.run_id, results_root=args.results_dir, launcher=args.launcher,
+                             dialect=args.dialect, ray_gpus=args.ray_gpus, outputs=not args.no_report)
+    result = run_session(loaded, options, progress=progress)
+    if result.error is not None:
+        raise result.error
+    assert result.run_dir is not None
+    print(summary_table(result.run_dir))
+    for failure in result.failures:
         print(f"  failed: {failure}", file=sys.stderr)
-    print(f"\nrun folder: {display_path(outcome.run_dir)}  ({outcome.ok} ok, {outcome.degraded} degraded, "
-          f"{outcome.failed} failed, {outcome.skipped} skipped, {outcome.wall_s:.0f}s; status {outcome.status})")
-    if not args.no_report:
-        for line in write_run_outputs(outcome.run_dir):
-            print(line)
-    return 1 if outcome.failed or outcome.degraded else 0
+    print(f"\nrun folder: {display_path(result.run_dir)}  ({result.ok} ok, {result.degraded} degraded, "
+          f"{result.failed} failed, {result.skipped} skipped, {result.wall_s:.0f}s; status {result.status})")
+    for line in result.outputs.warnings:
+        print(line, file=sys.stderr)
+    for line in result.outputs.lines():
+        print(line)
+    return result.exit_code

@@ -204,6 +204,16 @@ class LaunchProfile(StrictModel):
     extra_args: list[str] = Field(default_factory=list)
     sim: SimSettings | None = None
 
+    def reserved_gpus(self, gpus_per_server: int | None = None) -> int:
+        """The one rule for the GPUs a server of this profile reserves: `reserve_gpus` where the profile
+        says; none for the simulated engine; else the sweep's gpus_per_server, or, for a profile on its
+        own, the GPUs its parallelism spans."""
+        if self.reserve_gpus is not None:
+            return self.reserve_gpus
+        if self.engine == "sim":
+            return 0
+        return gpus_per_server if gpus_per_server is not None else self.serve.gpus
+
     @field_validator("extra_args")
     @classmethod
     def _refuse_invented_extra(cls, args: list[str]) -> list[str]:

@@ -24,8 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.builds.client import ensure_client
-from harness.builds.prepare import prepare_build
 from harness.config import LoadedSweep
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, display_path, sha256_file, utc_now_iso
@@ -37,21 +35,14 @@ from harness.nightly.night import night_from_run
 from harness.nightly.overrides import Kernels, with_overrides
 from harness.nightly.record import DeploymentFacts, GpuFacts, NightProvenance, NightRecord
 from harness.nightly.store import NightStore
-from harness.plan import make_plan
 from harness.provenance import gpu_info, harness_commit
-from harness.report.markdown import write_report
-from harness.report.plots import default_plots_dir, plot_runs
-from harness.results import RunPaths
-from harness.runner import LauncherKind, SweepOptions, default_run_id, run_sweep
-from harness.servers.reaper import reap_stale_servers
-from harness.simulate import SimulateOptions, simulate_sweep
-from harness.summary import write_summary_csv
+from harness.records import INFRASTRUCTURE_KINDS
+from harness.results import RunPaths, new_run_id
+from harness.runner import LauncherKind
+from harness.session import SessionOptions, run_session
 
 Progress = Callable[[str], None]
 
-# The runner's reasons for points that never reached a running server (harness/runner.py): the
-# machine failed the night, not the code under test.
-INFRASTRUCTURE_REASONS = ("server failed to start", "preflight:")
 REPORT_NAME = "nightly-report.md"
 
 
@@ -91,10 +82,8 @@ class NightlyOutcome:
 
 def _gpu_problem(loaded: LoadedSweep, launcher: LauncherKind) -> str | None:
     """Why this host cannot run the sweep's GPU servers, said before anything is built."""
-    needed = max((launch.profile.reserve_gpus if launch.profile.reserve_gpus is not None
-                  else loaded.sweep.gpus_per_server)
-                 for launch in loaded.launches.values() if launch.profile.engine == "vllm") \
-        if any(launch.profile.engine == "vllm" for launch in loaded.launches.values()) else 0
+    needed = max((launch.profile.reserved_gpus(loaded.sweep.gpus_per_server)
+                  for launch in loaded.launches.values()), default=0)
     if needed == 0 or (launcher == "ray" and os.environ.get("RAY_ADDRESS")):
         return None  # no GPU server, or a cluster whose nodes hold the GPUs
     gpus = gpu_info()
@@ -105,63 +94,13 @@ def _gpu_problem(loaded: LoadedSweep, launcher: LauncherKind) -> str | None:
     return None
 
 
-def _build(loaded: LoadedSweep, options: NightlyOptions, progress: Progress) -> str | None:
-    """Make the pinned client, and make and check every vLLM arm's build (with its kernels), here and
-    before any server starts; why one failed, or None. The sweep reuses what is made here."""
-    plan = make_plan(loaded, envs_dir=options.envs_dir)
-    if plan.client.spec is not None:
-        try:
-            client = ensure_client(plan.client.spec, None, progress)
-        except HarnessError as exc:
-            return f"client build failed (evalscope {plan.client.spec}): {exc}"
-        progress(f"client: EvalScope {client.evalscope_version} in {display_path(client.env_dir)}")
-    for dep in plan.deployments:
-        if dep.build is None:
-            continue
-        try:
-            prepared = prepare_build(dep.profile, dep.dialect, dep.build.python, options.envs_dir, progress)
-        except HarnessError as exc:
-            return f"{dep.name}: build {dep.build.spec} (kernels {dep.build.kernels}) failed: {exc}"
-        progress(f"{dep.name}: build {prepared.env.spec}: {prepared.env.describe()}")
-    return None
-
-
-def _sweep(loaded: LoadedSweep, run_dir: Path, options: NightlyOptions, progress: Progress) -> str | None:
-    """Run the sweep into `run_dir`; why it could not run, or None."""
-    if options.simulate:
-        simulate_sweep(loaded, SimulateOptions(run_id=run_dir.name, results_root=run_dir.parent), progress=progress)
-        return None
-    for killed in reap_stale_servers():
-        progress(f"stopped a server left behind by an earlier harness: {killed}")
-    try:
-        run_sweep(loaded, SweepOptions(run_id=run_dir.name, results_root=run_dir.parent, launcher=options.launcher,
-                                       ray_gpus=options.ray_gpus, envs_dir=options.envs_dir), progress=progress)
-    except HarnessError as exc:  # a build on this host, the dataset, the launcher: the sweep could not run
-        return f"the sweep stopped: {exc}"
-    finally:
-        if RunPaths(run_dir).manifest.is_file():
-            write_summary_csv(run_dir)
-    return None
-
-
-def _infrastructure_reasons(night: NightRecord) -> str | None:
-    """Points that never reached a running server, one line per deployment and reason."""
+def infrastructure_reasons(night: NightRecord) -> str | None:
+    """Points that never reached a running server (their failure kind says so, wherever the reason's
+    words come from): the machine failed the night, not the code under test. One line per deployment
+    and reason."""
     reasons = sorted({f"{r.deployment}: {r.reason}" for r in night.rows
-                      if r.status != "ok" and str(r.reason or "").startswith(INFRASTRUCTURE_REASONS)})
+                      if r.status != "ok" and r.failure in INFRASTRUCTURE_KINDS})
     return "; ".join(reasons)[:1000] if reasons else None
-
-
-def _figures(run_dir: Path, progress: Progress) -> tuple[Path | None, list[Path], list[str]]:
-    """The run's figures and report.md: (report, figures, warnings). A figure that cannot be drawn
-    costs the night its figures, never the night."""
-    plots_dir = default_plots_dir([run_dir])
-    try:
-        figures = plot_runs([run_dir], plots_dir)
-        report = write_report(run_dir, plots_dir)
-    except (HarnessError, OSError, ValueError) as exc:
-        return None, [], [f"warning: {display_path(run_dir)}: figures and report.md not written: {exc}"]
-    progress(f"report {display_path(report)}, figures in {display_path(plots_dir)}/")
-    return report, [f for f in figures if f.suffix in (".svg", ".png")], []
 
 
 def _night_without_run(loaded: LoadedSweep, run_id: str, reason: str) -> NightRecord:
@@ -188,32 +127,32 @@ def run_night(loaded: LoadedSweep, options: NightlyOptions, progress: Progress =
     started = time.monotonic()
     loaded = with_overrides(loaded, kernels=options.kernels, vllm_ref=options.vllm_ref,
                             deployments=options.deployments)
-    run_id = options.run_id or default_run_id(loaded.sweep.name)
+    run_id = options.run_id or new_run_id(loaded.sweep.name, simulated=options.simulate)
     store = NightStore(options.store)
     warnings: list[str] = []
 
     failure = None if options.simulate else _gpu_problem(loaded, options.launcher)
-    if failure is None and not options.simulate:
-        failure = _build(loaded, options, progress)
-    run_dir: Path | None = Path(options.results_root) / run_id
+    run_dir: Path | None = None
+    report, figures = None, []
     if failure is None:
+        session = SessionOptions(run_id=run_id, results_root=options.results_root, simulate=options.simulate,
+                                 launcher=options.launcher, ray_gpus=options.ray_gpus, envs_dir=options.envs_dir,
+                                 build_first=True, outputs=options.figures)
         try:
-            failure = _sweep(loaded, run_dir, options, progress)
+            ran = run_session(loaded, session, progress)
         except KeyboardInterrupt:
-            _add_interrupted(store, run_dir, progress)
+            _add_interrupted(store, Path(options.results_root) / run_id, progress)
             raise
-
-    report = None
-    figures: list[Path] = []
-    if RunPaths(run_dir).manifest.is_file():
-        if options.figures:
-            report, figures, problems = _figures(run_dir, progress)
-            warnings += problems
+        failure, run_dir = ran.infrastructure_failure, ran.run_dir
+        report, figures = ran.outputs.report, ran.outputs.figures
+        warnings += ran.outputs.warnings
+        if report is not None:
+            progress(f"report {display_path(report)}, figures in {display_path(ran.outputs.plots_dir)}/")
+    if run_dir is not None:
         night = night_from_run(run_dir)
-        failure = failure or _infrastructure_reasons(night)
+        failure = failure or infrastructure_reasons(night)
         night = night.model_copy(update={"infrastructure_failure": failure})
     else:
-        run_dir = None
         night = _night_without_run(loaded, run_id, failure or "no run folder was written")
     if night.infrastructure_failure:
         progress(f"infrastructure failure: {night.infrastructure_failure}")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from harness.errors import HarnessError, Interrupted
-from harness.records import GpuTelemetry
+from harness.records import FailureKind, GpuTelemetry
 from harness.telemetry import GpuSampler
 
 LOG_TAIL_LINES = 50
@@ -91,7 +91,10 @@ class ServerSpec:
 
 
 class ServerStartError(HarnessError):
-    """The server exited or never became ready. str() is the reason, then the log tail."""
+    """The server exited or never became ready. str() is the reason, then the log tail. `failure` is the
+    kind its points record (harness/records.py FailureKind)."""
+
+    failure: FailureKind = "infrastructure"
 
     def __init__(self, name: str, reason: str, log_path: Path, log_tail: list[str]):
         self.name = name
