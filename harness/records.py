@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from harness.catalogue import Metric
+from harness.catalogue import metrics as catalogue_metrics
+from harness.config.nightly import NightlySettings
 
 SCHEMA_VERSION = 2
 
@@ -70,43 +74,20 @@ class GpuTelemetry(Record):
     max_memory_used_gib: float | None = None
 
 
-class PointMetrics(Record):
-    """Per-point metrics (docs/metrics.md). None means the server did not expose it."""
+def _metric_field(metric: Metric) -> tuple[Any, Any]:
+    kind = _KINDS[metric.kind]
+    if metric.default is None:
+        return kind | None, Field(default=None, description=metric.meaning)
+    return kind, Field(default=metric.default, description=metric.meaning)
 
-    interactivity_tok_s_user: float | None = None
-    total_tok_s_per_gpu: float | None = None
-    output_tok_s_per_gpu: float | None = None
-    mean_ttft_ms: float | None = None
-    mean_tpot_ms: float | None = None
-    occupancy_mean_running: float | None = None
-    mean_waiting: float | None = None
-    max_running: float | None = None
-    decode_batch_mean: float | None = None
-    mtp_acceptance_length: float | None = None
-    preemptions: float | None = None
-    kv_usage_mean: float | None = None
-    kv_usage_max: float | None = None
-    offload_load_bytes: float | None = None
-    offload_store_bytes: float | None = None
-    offload_load_bytes_per_s: float | None = None
-    offload_store_bytes_per_s: float | None = None
-    hisparse_hit_rate: float | None = None
-    hisparse_misses: float | None = None
-    hisparse_h2d_bytes: float | None = None
-    hisparse_h2d_bytes_per_s: float | None = None
-    hisparse_host_usage_max: float | None = None
-    prefix_cache_hit_rate: float | None = None
-    server_prompt_tokens: float | None = None  # d(vllm:prompt_tokens_total): re-sent history included
-    server_tpot_ms: float | None = None
-    tpot_rel_diff: float | None = Field(default=None, description="(server - client) / client TPOT")
-    tpot_disagrees: bool | None = Field(default=None, description="|tpot_rel_diff| > 0.10")
-    tpot_client_low: bool | None = Field(default=None, description="tpot_rel_diff > 0.10: the client got the "
-                                         "stream late and in bursts; interactivity is overstated")
-    server_interactivity_tok_s_user: float | None = Field(default=None, description="1000 / server_tpot_ms")
-    counter_resets: int = 0
-    scrapes_ok: int = 0
-    scrapes_failed: int = 0
-    window_s: float | None = None
+
+_KINDS: dict[str, type] = {"float": float, "int": int, "bool": bool, "str": str}
+
+# Per-point metrics (docs/metrics.md), one field per catalogue entry that point.json's `metrics` holds
+# (harness/catalogue.py declares them; nothing else does). None means the server did not expose it.
+PointMetrics = create_model(  # type: ignore[call-overload]
+    "PointMetrics", __base__=Record, __doc__="Per-point metrics: the catalogue's `metrics` entries.",
+    **{m.name: _metric_field(m) for m in catalogue_metrics("metrics")})
 
 
 # degraded: the point ran to its end but more requests failed than the sweep allows (max_failed_requests)
@@ -341,6 +322,36 @@ class DeploymentRecord(Record):
     evidence: HiSparseEvidence | None = None  # what the server showed of HiSparse (HiSparse arms)
 
 
+class ResolvedConfig(Record):
+    """manifest.json's `resolved_config`: the sweep file and every launch profile as the run resolved
+    them, kept as JSON (a reader may lack the files they name); the parts readers need are typed here."""
+
+    sweep: dict[str, Any] = Field(default_factory=dict)
+    launches: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+    def nightly(self) -> NightlySettings | None:
+        """The sweep's gate settings (its `nightly:` section), or None where the run did not record them."""
+        raw = self.sweep.get("nightly")
+        if not isinstance(raw, dict):
+            return None
+        try:
+            return NightlySettings.model_validate(raw)
+        except ValueError:
+            return None
+
+    def hisparse_requested(self, deployment: str) -> bool | None:
+        launch = self.launches.get(deployment)
+        if not launch:
+            return None
+        return (launch.get("kv") or {}).get("hisparse") is not None
+
+    def serve(self, deployment: str) -> dict[str, Any]:
+        return dict((self.launches.get(deployment) or {}).get("serve") or {})
+
+    def engine(self, deployment: str) -> str:
+        return str((self.launches.get(deployment) or {}).get("engine", "vllm"))
+
+
 class RunManifest(Record):
     """manifest.json: provenance, the resolved config, every deployment and the status of every point."""
 
@@ -359,6 +370,13 @@ class RunManifest(Record):
     started_at: str | None = None
     ended_at: str | None = None
     status: RunStatus = "running"
+
+    @property
+    def resolved(self) -> ResolvedConfig:
+        try:
+            return ResolvedConfig.model_validate(self.resolved_config)
+        except ValueError:
+            return ResolvedConfig()
 
 
 def run_status(points: dict[str, dict[str, str]], *, interrupted: bool, stopped_by_policy: bool) -> RunStatus:

@@ -1,7 +1,8 @@
 """summary.csv: one row per (deployment, point) of a run, and loading runs into pandas.
 
-Column names are the record field names (harness/records.py); `summary_columns()` is
-the one table of names, units and meanings that README.md copies, so they never drift.
+Column names are the record field names (harness/records.py) and the metric catalogue's names
+(harness/catalogue.py); `summary_columns()` is the one table of names, units and meanings that README.md
+copies (a test holds them equal), so they never drift.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from harness.catalogue import CATALOGUE
 from harness.errors import HarnessError
 from harness.io import atomic_write_text
 from harness.records import PointRecord, RunManifest
@@ -37,8 +39,10 @@ def _c(name: str, kind: Kind, unit: str, meaning: str, source: Source) -> Column
     return Column(name, kind, unit, meaning, source)
 
 
-# Order is the CSV column order. mean_ttft_ms / mean_tpot_ms appear once: the point's
-# metrics value, falling back to EvalScope's summary when metrics are absent.
+# Order is the CSV column order: the point's identity and outcome, then every catalogue metric
+# (harness/catalogue.py, the one declaration of each), then what puts the point in doubt and its build.
+# mean_ttft_ms / mean_tpot_ms appear once: the point's metrics value, falling back to EvalScope's summary
+# when metrics are absent.
 COLUMNS: tuple[Column, ...] = (
     _c("run_id", "str", "", "run folder name (results/<run_id>/)", "run"),
     _c("deployment", "str", "", "deployment name from the sweep file", "point"),
@@ -59,64 +63,7 @@ COLUMNS: tuple[Column, ...] = (
     _c("server_restarted", "bool", "", "the attempt recorded ran on a server started again (after a crash, or by a retry: see retry)", "point"),
     _c("retry", "str", "", "how a retried point avoided the cache its failed attempt warmed: restart or shift",
        "point"),
-    _c("interactivity_tok_s_user", "float", "tok/s/user", "1000 / mean TPOT (ms)", "metrics"),
-    _c("total_tok_s_per_gpu", "float", "tok/s/GPU",
-       "EvalScope total token throughput (re-sent history included) / gpus_per_server", "metrics"),
-    _c("output_tok_s_per_gpu", "float", "tok/s/GPU", "EvalScope output token throughput / gpus_per_server",
-       "metrics"),
-    _c("mean_ttft_ms", "float", "ms", "mean time to first token (EvalScope)", "metrics"),
-    _c("mean_tpot_ms", "float", "ms", "mean time per output token after the first (EvalScope)", "metrics"),
-    _c("occupancy_mean_running", "float", "requests", "mean of the non-zero vllm:num_requests_running samples",
-       "metrics"),
-    _c("mean_waiting", "float", "requests", "mean of vllm:num_requests_waiting samples", "metrics"),
-    _c("max_running", "float", "requests", "largest vllm:num_requests_running sample", "metrics"),
-    _c("decode_batch_mean", "float", "requests",
-       "d(vllm:generation_tokens_total) / d(engine steps) / MTP acceptance length: requests per step", "metrics"),
-    _c("mtp_acceptance_length", "float", "tokens/step", "1 + d(accepted tokens) / d(drafts); empty without MTP",
-       "metrics"),
-    _c("preemptions", "float", "count", "d(vllm:num_preemptions_total) over the point", "metrics"),
-    _c("kv_usage_mean", "float", "fraction", "mean GPU KV cache usage (0..1)", "metrics"),
-    _c("kv_usage_max", "float", "fraction", "largest GPU KV cache usage sample (0..1)", "metrics"),
-    _c("offload_load_bytes", "float", "bytes", "d(vllm:kv_offload_load_bytes_total), host to GPU", "metrics"),
-    _c("offload_store_bytes", "float", "bytes", "d(vllm:kv_offload_store_bytes_total), GPU to host", "metrics"),
-    _c("offload_load_bytes_per_s", "float", "B/s", "offload load bytes / point window", "metrics"),
-    _c("offload_store_bytes_per_s", "float", "B/s", "offload store bytes / point window", "metrics"),
-    _c("hisparse_hit_rate", "float", "fraction", "d(hisparse hits) / (d(hits) + d(misses))", "metrics"),
-    _c("hisparse_misses", "float", "count", "d(HiSparse misses) over the point (sampled every 2,000 steps)",
-       "metrics"),
-    _c("hisparse_h2d_bytes", "float", "bytes", "d(HiSparse host-to-device bytes) over the point", "metrics"),
-    _c("hisparse_h2d_bytes_per_s", "float", "B/s", "d(vllm:hisparse_host_to_device_bytes_total) / window",
-       "metrics"),
-    _c("hisparse_host_usage_max", "float", "fraction", "largest HiSparse host pool usage sample (0..1)",
-       "metrics"),
-    _c("server_prompt_tokens", "float", "tokens", "d(vllm:prompt_tokens_total) over the point: re-sent history "
-       "included", "metrics"),
-    _c("prefix_cache_hit_rate", "float", "fraction", "d(prefix cache hits) / d(prefix cache queries)", "metrics"),
-    _c("server_tpot_ms", "float", "ms", "server TPOT: d(sum) / d(count) of "
-       "vllm:request_time_per_output_token_seconds", "metrics"),
-    _c("tpot_rel_diff", "float", "fraction", "(server - client) / client TPOT", "metrics"),
-    _c("tpot_disagrees", "bool", "", "abs(tpot_rel_diff) > 0.10: the measurement itself is in doubt", "metrics"),
-    _c("tpot_client_low", "bool", "", "tpot_rel_diff > 0.10: the client got the stream late and in bursts; "
-       "interactivity is overstated", "metrics"),
-    _c("server_interactivity_tok_s_user", "float", "tok/s/user", "1000 / server_tpot_ms", "metrics"),
-    _c("counter_resets", "int", "count", "counters seen going down (server restart) in the point", "metrics"),
-    _c("scrapes_ok", "int", "count", "/metrics scrapes that succeeded in the point", "metrics"),
-    _c("scrapes_failed", "int", "count", "/metrics scrapes that failed in the point", "metrics"),
-    _c("window_s", "float", "s", "time between the point's first and last scrape", "metrics"),
-    _c("total_requests", "int", "requests", "requests EvalScope sent", "summary"),
-    _c("success_requests", "int", "requests", "requests that succeeded", "summary"),
-    _c("failed_requests", "int", "requests", "requests that failed", "summary"),
-    _c("total_throughput_tok_s", "float", "tok/s", "EvalScope total token throughput of the server",
-       "summary"),
-    _c("output_throughput_tok_s", "float", "tok/s", "EvalScope output token throughput of the server",
-       "summary"),
-    _c("request_throughput_req_s", "float", "req/s", "EvalScope request throughput", "summary"),
-    _c("mean_itl_ms", "float", "ms", "mean inter-token latency (EvalScope)", "summary"),
-    _c("mean_latency_s", "float", "s", "mean request latency (EvalScope)", "summary"),
-    _c("mean_input_tokens", "float", "tokens", "mean prompt tokens per request (EvalScope)", "summary"),
-    _c("mean_output_tokens", "float", "tokens", "mean output tokens per request (EvalScope)", "summary"),
-    _c("time_taken_s", "float", "s", "EvalScope benchmark duration", "summary"),
-    _c("key_set", "str", "", "EvalScope summary key set read: <=1.9 or >=1.10", "summary"),
+    *(_c(m.name, m.kind, m.unit, m.meaning, m.record) for m in CATALOGUE),
     _c("warnings", "str", "", "what puts the point's numbers in doubt, e.g. every scrape failed ('; '-joined)",
        "point"),
     _c("kernel_sha256", "str", "", "sha256 of the bundled HiSparse kernel sources the deployment's server ran "
@@ -128,6 +75,12 @@ _BY_NAME = {c.name: c for c in COLUMNS}
 def summary_columns() -> list[tuple[str, str, str]]:
     """(name, unit, meaning) of every summary.csv column, in file order."""
     return [(c.name, c.unit, c.meaning) for c in COLUMNS]
+
+
+def undocumented_columns(doc_text: str) -> list[str]:
+    """The summary.csv columns a document's column table lacks (a row `| `name` | ...` each): the check
+    that keeps README.md's table in step with the catalogue."""
+    return [name for name, _unit, _meaning in summary_columns() if f"| `{name}` |" not in doc_text]
 
 
 def summary_columns_markdown() -> str:

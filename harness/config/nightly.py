@@ -16,17 +16,12 @@ the gate itself (harness/nightly/) reads it.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from harness.records import EvalScopeSummary, PointMetrics
+from harness.catalogue import gateable, gated_by_default
 
-
-def _float_fields(model: type[BaseModel]) -> set[str]:
-    return {name for name, info in model.model_fields.items() if "float" in str(info.annotation)}
-
-
-# What a rule may gate: the numbers a point measured (summary.csv's float columns of the same names)
-GATEABLE_METRICS = frozenset(_float_fields(PointMetrics) | _float_fields(EvalScopeSummary))
+# What a rule may gate: the numbers a point measures (the catalogue's numeric metrics)
+GATEABLE_METRICS = gateable()
 
 
 class MetricRule(BaseModel):
@@ -70,21 +65,14 @@ class MetricRule(BaseModel):
         return value - baseline > self.max_rise
 
 
-class GateThresholds(BaseModel):
+class _Thresholds(BaseModel):
     """One rule per gated metric (None: not gated). Further measured numbers may be added."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     __pydantic_extra__: dict[str, MetricRule | None] = Field(init=False)  # validated like the fields
 
-    interactivity_tok_s_user: MetricRule | None = MetricRule(min_ratio=0.90)
-    total_tok_s_per_gpu: MetricRule | None = MetricRule(min_ratio=0.90)
-    output_tok_s_per_gpu: MetricRule | None = MetricRule(min_ratio=0.90)
-    mean_ttft_ms: MetricRule | None = MetricRule(max_ratio=1.15)
-    occupancy_mean_running: MetricRule | None = MetricRule(max_drop=1.0)
-    mtp_acceptance_length: MetricRule | None = MetricRule(min_ratio=0.95)
-
     @model_validator(mode="after")
-    def _known_columns(self) -> GateThresholds:
+    def _known_columns(self) -> _Thresholds:
         for name in self.__pydantic_extra__ or {}:
             if name not in GATEABLE_METRICS:
                 raise ValueError(f"{name}: not a numeric summary.csv column that a point measures "
@@ -98,6 +86,13 @@ class GateThresholds(BaseModel):
         return [(name, rule) for name, rule in named + extra if rule is not None]
 
 
+# The defaults are the catalogue's (harness/catalogue.py): one field per metric it gates by default.
+GateThresholds = create_model(  # type: ignore[call-overload]
+    "GateThresholds", __base__=_Thresholds,
+    **{m.name: (MetricRule | None, MetricRule(**{m.rule[0]: m.rule[1]})) for m in gated_by_default()
+       if m.rule is not None})
+
+
 class NightlySettings(BaseModel):
     """The `nightly:` section of a sweep file."""
 
@@ -105,4 +100,4 @@ class NightlySettings(BaseModel):
 
     baseline_nights: int = Field(7, ge=1, description="the baseline is the median of this many comparable "
                                  "nights, the most recent ones")
-    thresholds: GateThresholds = Field(default_factory=GateThresholds)
+    thresholds: GateThresholds = Field(default_factory=GateThresholds)  # type: ignore[valid-type]
