@@ -11,12 +11,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "harness"
 
 # Bottom to top. A module may import its own layer or any layer below (docs/architecture.md).
 LAYERS: list[tuple[str, ...]] = [
-    ("harness", "harness.errors", "harness.io", "harness.redact"),
+    ("harness", "harness.errors", "harness.io", "harness.redact", "harness.catalogue"),
     ("harness.schema", "harness.support"),
     ("harness.config", "harness.records"),
     ("harness.calc", "harness.metrics", "harness.dataset", "harness.sim", "harness.hub", "harness.hub_rows",
      "harness.provenance", "harness.evidence", "harness.telemetry"),
-    ("harness.results", "harness.summary", "harness.builds", "harness.servers", "harness.loadgen",
+    ("harness.results", "harness.summary", "harness.judge", "harness.builds", "harness.servers", "harness.loadgen",
      "harness.fetch", "harness.weights"),
     ("harness.plan",),
     ("harness.point", "harness.runner", "harness.simulate", "harness.calibrate"),

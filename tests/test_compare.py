@@ -59,7 +59,7 @@ def test_a_20_percent_interactivity_drop_exits_1_and_names_the_point(results, tm
 def test_mismatched_hardware_is_refused_with_exit_2(results):
     make_run(results, "b200", gpu_model="NVIDIA B200")
     make_run(results, "tp4", gpus_per_server=4)
-    for run, needle in (("b200", "GPU model 'NVIDIA B200' vs 'NVIDIA H200'"), ("tp4", "gpus_per_server 4 vs 8")):
+    for run, needle in (("b200", "gpu_model 'NVIDIA B200' vs 'NVIDIA H200'"), ("tp4", "gpus_per_server 4 vs 8")):
         done = _compare(run, "--reference", "ref", cwd=results.parent)
         assert done.returncode == 2
         assert needle in done.stderr and "not comparable" in done.stderr
@@ -103,14 +103,19 @@ def test_higher_ttft_and_a_newly_failed_point_are_regressions(results):
     assert [(p.name, p.regressions) for p in comparison.points if p.regressions] == [
         (f"{HISPARSE} c8", ["mean_ttft_ms"])]
     broken = compare_runs(results / "broken", results / "ref")
-    assert broken.regressions == [f"{HISPARSE} c32: failed (completed in the reference)"]
+    assert [(f.where, f.reason) for f in broken.findings] == [(f"{HISPARSE} c32", "point_failed")]
+    assert broken.regressions[0].startswith(f"{HISPARSE} c32 failed: server exited")
 
 
-def test_points_on_one_side_only_are_notes_not_regressions(results):
+def test_a_point_only_in_the_run_is_a_note_and_one_missing_from_it_a_regression(results):
+    """As the nightly gate has it (compare is the gate with one reference): a point the reference measured
+    and the run lacks is a regression; a point only the run has is a note."""
     make_run(results, "short", points=((1, 4), (8, 16)))
     comparison = compare_runs(results / "short", results / "ref")
-    assert comparison.regressions == []
-    assert f"{OFFLOAD} c32: in the reference, not in this run" in comparison.notes
+    assert {(f.where, f.reason) for f in comparison.findings} == {
+        (f"{dep} c{c}", "point_missing") for dep in (HISPARSE, OFFLOAD) for c in (16, 32)}
+    longer = compare_runs(results / "ref", results / "short")
+    assert longer.findings == [] and f"{OFFLOAD} c32: not in the reference" in longer.notes
 
 
 def test_bad_inputs_are_one_line_errors(results, tmp_path):

@@ -14,8 +14,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_ref", metavar="RUN", help="run folder, or a run id under results/")
     parser.add_argument("--reference", metavar="REF", default=None,
                         help="reference: a run folder, a run id under results/, or a reference JSON")
-    parser.add_argument("--tolerance", type=float, default=0.10,
-                        help="relative change allowed before a point counts as a regression (default 0.10)")
+    parser.add_argument("--tolerance", type=float, default=None,
+                        help="one relative change allowed for every ratio rule (e.g. 0.10); default: the run's "
+                        "own sweep's nightly thresholds, as the nightly gate applies them")
     parser.add_argument("--summary-file", type=Path, default=None,
                         help="also write the markdown table here (e.g. $GITHUB_STEP_SUMMARY)")
     parser.add_argument("--write-reference", type=Path, default=None, metavar="OUT",
@@ -40,4 +41,4 @@ def run(args: argparse.Namespace) -> int:
     if args.summary_file is not None:
         with open(args.summary_file, "a", encoding="utf-8") as fh:  # CI summaries accumulate
             fh.write(table + "\n")
-    return 1 if comparison.regressions else 0
+    return comparison.exit_code

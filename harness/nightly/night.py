@@ -1,8 +1,8 @@
 """A run folder -> a night record: summary.csv for the rows, manifest.json for the rest.
 
-All manifest reading is in `_manifest_facts`, so a change of the manifest's shape is a few lines
-here. Every field may be absent (an old run, a simulated one, a run that stopped early): absent
-reads as None, never as an error.
+All manifest reading is in `_manifest_facts`, on the typed manifest (harness/records.py), so a change of
+the manifest's shape is a few lines here. Every field may be absent (an old run, a simulated one, a run
+that stopped early): absent reads as None, never as an error.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.config.nightly import NightlySettings
 from harness.errors import HarnessError
 from harness.io import json_digest
 from harness.nightly.record import (
@@ -22,6 +23,7 @@ from harness.nightly.record import (
     NightRow,
     validation_message,
 )
+from harness.records import RunManifest
 from harness.results import read_manifest
 from harness.summary import load_runs
 
@@ -36,43 +38,41 @@ class _ManifestFacts:
     virtual_time: bool
     gpu: GpuFacts
     gpus_per_server: int | None
+    workload: dict[str, Any]
+    settings: NightlySettings | None
     provenance: NightProvenance
     deployments: dict[str, DeploymentFacts]
 
 
-def _manifest_facts(m: dict[str, Any]) -> _ManifestFacts:
-    """The manifest as plain JSON data (typed or not, it dumps to the same keys)."""
-    prov = m.get("provenance") or {}
-    gpu = prov.get("gpu") or {}
-    launches = (m.get("resolved_config") or {}).get("launches") or {}
+def _manifest_facts(m: RunManifest) -> _ManifestFacts:
+    """What a night keeps of the run's manifest (typed; every field may be absent in an old run)."""
+    prov, resolved = m.provenance, m.resolved
     deployments = {}
-    for name, dep in (m.get("deployments") or {}).items():
-        build = dep.get("build") or {}
-        kernel = build.get("kernel") or {}
-        evidence = dep.get("evidence") or {}
-        requested = evidence.get("hisparse_requested")
-        if requested is None and launches.get(name):
-            requested = (launches[name].get("kv") or {}).get("hisparse") is not None
+    for name, dep in m.deployments.items():
+        build, evidence = dep.build, dep.evidence
+        requested = evidence.hisparse_requested if evidence is not None else resolved.hisparse_requested(name)
+        launch = resolved.launches.get(name)
         deployments[name] = DeploymentFacts(
-            vllm_version=build.get("vllm_version") or (dep.get("server_version") or {}).get("version"),
-            vllm_commit=build.get("vllm_commit"), kernel_hash=kernel.get("source_sha256"),
-            lock_sha256=(build.get("lock") or {}).get("sha256"),
-            launch_sha256=json_digest(launches[name]) if launches.get(name) else None,
-            hisparse_requested=requested, hisparse_active=evidence.get("hisparse_active"))
-    simulated = bool(m.get("simulated"))
+            vllm_version=(build.vllm_version if build else None) or dep.server_version.get("version"),
+            vllm_commit=build.vllm_commit if build else None,
+            kernel_hash=build.kernel.source_sha256 if build and build.kernel else None,
+            lock_sha256=build.lock.sha256 if build and build.lock else None,
+            launch_sha256=json_digest(launch) if launch else None,
+            hisparse_requested=requested,
+            hisparse_active=evidence.hisparse_active if evidence is not None else None)
+    simulated = bool(m.simulated)
     if simulated:  # the simulated hardware is the one the profiles declare; the host's GPUs ran nothing
-        gpu_facts = GpuFacts(model=m.get("gpu_model"))
+        gpu_facts = GpuFacts(model=m.gpu_model)
     else:  # what nvidia-smi saw first: a runner with other GPUs than the profiles declare is another machine
-        gpu_facts = GpuFacts(model=gpu.get("model") or m.get("gpu_model"), count=gpu.get("count") or None,
-                             driver=gpu.get("driver"))
+        gpu_facts = GpuFacts(model=prov.gpu.model or m.gpu_model, count=prov.gpu.count or None,
+                             driver=prov.gpu.driver)
     return _ManifestFacts(
-        night_id=m["run_id"], started_at=m.get("started_at"), sweep_name=m["sweep_name"],
-        sweep_sha256=(prov.get("config_files") or {}).get(m.get("sweep_path")),
-        simulated=simulated, virtual_time=simulated and bool(prov.get("simulated")), gpu=gpu_facts,
-        gpus_per_server=m.get("gpus_per_server"),
-        provenance=NightProvenance(harness_commit=prov.get("harness_commit"),
-                                   evalscope_version=prov.get("evalscope_version"),
-                                   client_lock_sha256=prov.get("client_lock_sha256")),
+        night_id=m.run_id, started_at=m.started_at, sweep_name=m.sweep_name,
+        sweep_sha256=prov.config_files.get(m.sweep_path),
+        simulated=simulated, virtual_time=simulated and bool(prov.simulated), gpu=gpu_facts,
+        gpus_per_server=m.gpus_per_server, workload=m.workload.identity(), settings=resolved.nightly(),
+        provenance=NightProvenance(harness_commit=prov.harness_commit, evalscope_version=prov.evalscope_version,
+                                   client_lock_sha256=prov.client_lock_sha256),
         deployments=deployments)
 
 
@@ -113,7 +113,7 @@ def night_from_run(run_dir: Path, report_path: str | None = None, figure_paths: 
     says why it could not measure what it should, when that is known."""
 
     run_dir = Path(run_dir)
-    facts = _manifest_facts(read_manifest(run_dir).model_dump(mode="json"))
+    facts = _manifest_facts(read_manifest(run_dir))
     frame = load_runs([run_dir])
     try:
         rows = [NightRow(**{k: _clean(v) for k, v in rec.items()}) for rec in frame.to_dict("records")]
@@ -129,7 +129,8 @@ def night_from_run(run_dir: Path, report_path: str | None = None, figure_paths: 
         return NightRecord(
             night_id=facts.night_id, started_at=facts.started_at, sweep_name=facts.sweep_name,
             sweep_sha256=facts.sweep_sha256, simulated=facts.simulated, virtual_time=facts.virtual_time,
-            gpu=facts.gpu, gpus_per_server=facts.gpus_per_server, provenance=facts.provenance,
+            gpu=facts.gpu, gpus_per_server=facts.gpus_per_server, workload=facts.workload,
+            settings=facts.settings, provenance=facts.provenance,
             deployments=deployments, rows=rows, report_path=report_path, figure_paths=list(figure_paths),
             infrastructure_failure=infrastructure_failure)
     except ValueError as exc:

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from harness.config.nightly import GATEABLE_METRICS, NightlySettings
+from harness.judge import Experiment, Measurement, PointResult
 from harness.summary import COLUMNS
 
 NIGHT_FORMAT = "harness-night"
@@ -67,30 +69,6 @@ NIGHT_FIELDS = ("harness_commit", "evalscope_version", "client_lock_sha256")
 DEPLOYMENT_FIELDS = ("vllm_commit", "vllm_version", "kernel_hash", "lock_sha256", "launch_sha256")
 
 
-class ComparisonKey(BaseModel):
-    """Nights are compared only when all of this is equal."""
-
-    model_config = ConfigDict(frozen=True)
-
-    sweep_sha256: str | None
-    gpu_model: str | None
-    gpu_count: int | None
-    simulated: bool
-    # simulated in virtual time (`simulate`, no client) or served (EvalScope against `serve-sim`): the
-    # same engine measured two ways, whose numbers differ by the client's and the host's overheads
-    virtual_time: bool = False
-
-    def same_hardware(self, other: ComparisonKey) -> bool:
-        return (self.gpu_model, self.gpu_count, self.simulated, self.virtual_time) == \
-            (other.gpu_model, other.gpu_count, other.simulated, other.virtual_time)
-
-    def differences(self, other: ComparisonKey) -> list[str]:
-        """What differs, as 'name: this vs other'."""
-        names = ("sweep_sha256", "gpu_model", "gpu_count", "simulated", "virtual_time")
-        return [f"{n} {getattr(self, n)!r} vs {getattr(other, n)!r}" for n in names
-                if getattr(self, n) != getattr(other, n)]
-
-
 class NightRecord(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
@@ -104,6 +82,10 @@ class NightRecord(BaseModel):
     virtual_time: bool = False  # simulated without a client (`harness simulate`)
     gpu: GpuFacts = Field(default_factory=GpuFacts)
     gpus_per_server: int | None = None
+    workload: dict[str, Any] = Field(default_factory=dict)  # the run's workload identity (empty in old nights)
+    # the gate settings the night was judged with (its sweep's `nightly:` section), so `history` and the
+    # dashboard judge it the same way; None in nights recorded before they were kept: the defaults
+    settings: NightlySettings | None = None
     provenance: NightProvenance = Field(default_factory=NightProvenance)
     deployments: dict[str, DeploymentFacts] = Field(default_factory=dict)
     rows: list[NightRow] = Field(default_factory=list)  # type: ignore[valid-type]
@@ -122,9 +104,34 @@ class NightRecord(BaseModel):
         return value
 
     @property
-    def key(self) -> ComparisonKey:
-        return ComparisonKey(sweep_sha256=self.sweep_sha256, gpu_model=self.gpu.model,
-                             gpu_count=self.gpu.count, simulated=self.simulated, virtual_time=self.virtual_time)
+    def experiment(self) -> Experiment:
+        return Experiment(gpu_model=self.gpu.model, gpu_count=self.gpu.count, gpus_per_server=self.gpus_per_server,
+                          simulated=self.simulated, virtual_time=self.virtual_time, workload=self.workload)
+
+    def comparable_with(self, other: NightRecord) -> bool:
+        """The same sweep file (a changed one starts a new baseline) and the same experiment (the judge's
+        one definition, harness/judge.py)."""
+        return self.sweep_sha256 == other.sweep_sha256 and not self.experiment.differences(other.experiment)
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """A hashable name for the series of nights comparable with this one (change points group by it)."""
+        e = self.experiment
+        return (self.sweep_sha256, e.gpu_model, e.gpu_count, e.gpus_per_server, e.simulated, e.virtual_time,
+                tuple(sorted((k, str(v)) for k, v in e.workload.items())))
+
+    def measurement(self) -> Measurement:
+        """The night as the judge reads it."""
+        points = {}
+        for r in self.rows:
+            if r.deployment is None or r.parallel is None:
+                continue
+            points[(str(r.deployment), int(r.parallel))] = PointResult(
+                status=str(r.status), reason=r.reason, failed_requests=r.failed_requests,
+                total_requests=r.total_requests, conversations=r.number,
+                values={m: getattr(r, m, None) for m in GATEABLE_METRICS})
+        hisparse = {dep: (f.hisparse_requested, f.hisparse_active) for dep, f in self.deployments.items()}
+        return Measurement(self.night_id, self.experiment, points, hisparse)
 
     @property
     def measured(self) -> bool:

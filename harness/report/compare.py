@@ -1,8 +1,10 @@
-"""Compare a run against a reference (another run folder or a reference JSON) point by point.
+"""Compare a run against a reference (another run folder or a reference JSON) point by point: the one judge
+(harness/judge.py) with one reference, so `compare` and the nightly gate find the same regressions.
 
-A regression is a point whose interactivity or per-GPU throughput fell, or whose TTFT
-rose, by more than the tolerance, or a point that failed where the reference had
-completed. Runs on different hardware or workloads are refused, not compared.
+The rules are the run's own sweep's `nightly: thresholds:` (the catalogue's defaults where it has none), or
+one `--tolerance` for every ratio rule. A regression is a gated metric beyond its rule, a point that failed
+or is degraded, HiSparse asked for and not on, or a point or deployment of the reference missing from the
+run. Runs that are not the same experiment (hardware, engine, workload) are refused, not compared.
 
 Runs whose deployments ran different builds (another bundled kernel source hash, kernels: vllm
 against bundled, another vLLM) are compared, since measuring that difference is what a kernel A/B
@@ -17,38 +19,26 @@ import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from harness.catalogue import Metric, table_metrics
+from harness.config.nightly import GATEABLE_METRICS, GateThresholds, MetricRule
 from harness.errors import HarnessError
 from harness.io import atomic_write_json
+from harness.judge import Experiment, Finding, Measurement, PointResult, judge
 from harness.records import RunManifest, WorkloadRecord
 from harness.results import read_manifest
 from harness.summary import load_runs
 
 REFERENCE_FORMAT = "harness-reference/1"
-DEFAULT_TOLERANCE = 0.10
 
 
 class ComparisonRefused(HarnessError):
     """The two sides are not the same experiment: different hardware or workload."""
 
 
-@dataclass(frozen=True)
-class MetricSpec:
-    name: str  # a summary.csv column
-    label: str
-    better: Literal["higher", "lower"] | None  # None: shown, never a regression
-    digits: int
-
-
-METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("interactivity_tok_s_user", "interactivity (tok/s/user)", "higher", 1),
-    MetricSpec("total_tok_s_per_gpu", "total (tok/s/GPU)", "higher", 0),
-    MetricSpec("output_tok_s_per_gpu", "output (tok/s/GPU)", "higher", 1),
-    MetricSpec("mean_ttft_ms", "TTFT (ms)", "lower", 0),
-    MetricSpec("occupancy_mean_running", "occupancy (req)", None, 1),
-    MetricSpec("mtp_acceptance_length", "accept len", None, 2),
-)
+# The columns of the comparison table: the catalogue's table metrics (harness/catalogue.py).
+METRICS: tuple[Metric, ...] = table_metrics()
 
 
 @dataclass(frozen=True)
@@ -56,6 +46,9 @@ class RefPoint:
     status: str
     number: int | None
     values: dict[str, float | None]
+    reason: str | None = None
+    failed_requests: int | None = None
+    total_requests: int | None = None
 
 
 @dataclass(frozen=True)
@@ -70,17 +63,37 @@ class Reference:
     workload: dict[str, Any]
     points: dict[tuple[str, int], RefPoint]
     builds: dict[str, dict[str, str | None]] = field(default_factory=dict)  # deployment -> build identity
+    hisparse: dict[str, tuple[bool | None, bool | None]] = field(default_factory=dict)  # dep -> (asked, on)
+    thresholds: GateThresholds | None = None  # type: ignore[valid-type]  # the run's own sweep's; None: defaults
+
+    @property
+    def experiment(self) -> Experiment:
+        return Experiment(gpu_model=self.gpu_model, gpus_per_server=self.gpus_per_server, simulated=self.simulated,
+                          workload=self.workload)
+
+    def measurement(self) -> Measurement:
+        points = {key: PointResult(status=p.status, reason=p.reason, failed_requests=p.failed_requests,
+                                   total_requests=p.total_requests, conversations=p.number, values=p.values)
+                  for key, p in self.points.items()}
+        return Measurement(self.run_id, self.experiment, points, self.hisparse)
 
     def to_json(self) -> dict[str, Any]:
         deployments: dict[str, dict[str, Any]] = {}
         for (dep, parallel), point in sorted(self.points.items()):
+            values = {k: v for k, v in point.values.items() if v is not None}
             deployments.setdefault(dep, {})[str(parallel)] = {
-                "status": point.status, "number": point.number, **point.values}
+                "status": point.status, "number": point.number, **values,
+                **({"reason": point.reason} if point.reason else {})}
         return {"format": REFERENCE_FORMAT, "run_id": self.run_id,
                 "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "hardware": {"gpu_model": self.gpu_model, "gpus_per_server": self.gpus_per_server,
                              "simulated": self.simulated},
                 "workload": self.workload, "deployments": deployments, "builds": self.builds}
+
+
+def _int(value: object) -> int | None:
+    number = _float(value)
+    return None if number is None else int(number)
 
 
 def _float(value: object) -> float | None:
@@ -139,10 +152,19 @@ def reference_from_run(run_dir: Path) -> Reference:
         number = row["number"]
         points[(str(row["deployment"]), int(row["parallel"]))] = RefPoint(
             status=str(row["status"]), number=None if _float(number) is None else int(number),
-            values={m.name: _float(row[m.name]) for m in METRICS})
+            values={name: _float(row[name]) for name in GATEABLE_METRICS},
+            reason=None if row["reason"] is None or str(row["reason"]) in ("", "<NA>") else str(row["reason"]),
+            failed_requests=_int(row["failed_requests"]), total_requests=_int(row["total_requests"]))
+    resolved = manifest.resolved
+    hisparse = {}
+    for name, dep in manifest.deployments.items():
+        asked = dep.evidence.hisparse_requested if dep.evidence is not None else resolved.hisparse_requested(name)
+        hisparse[name] = (asked, dep.evidence.hisparse_active if dep.evidence is not None else None)
+    nightly = resolved.nightly()
     return Reference(source=str(run_dir), run_id=manifest.run_id, gpu_model=manifest.gpu_model,
                      gpus_per_server=manifest.gpus_per_server, simulated=manifest.simulated,
-                     workload=manifest.workload.identity(), points=points, builds=build_identity(manifest))
+                     workload=manifest.workload.identity(), points=points, builds=build_identity(manifest),
+                     hisparse=hisparse, thresholds=nightly.thresholds if nightly else None)
 
 
 def reference_from_json(path: Path) -> Reference:
@@ -162,7 +184,9 @@ def reference_from_json(path: Path) -> Reference:
             for parallel, entry in by_parallel.items():
                 points[(str(dep), int(parallel))] = RefPoint(
                     status=str(entry.get("status", "ok")), number=entry.get("number"),
-                    values={m.name: _float(entry.get(m.name)) for m in METRICS})
+                    values={name: _float(entry.get(name)) for name in GATEABLE_METRICS},
+                    reason=entry.get("reason"), failed_requests=_int(entry.get("failed_requests")),
+                    total_requests=_int(entry.get("total_requests")))
         return Reference(source=str(path), run_id=str(data.get("run_id", Path(path).stem)),
                          gpu_model=hardware.get("gpu_model"), gpus_per_server=int(hardware["gpus_per_server"]),
                          simulated=bool(hardware.get("simulated", False)),
@@ -202,29 +226,24 @@ class PointChange:
 class Comparison:
     run_id: str
     reference_id: str
-    tolerance: float
+    rules: str  # how the limits were chosen, for the table's heading
     points: list[PointChange] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     build_differences: list[str] = field(default_factory=list)  # empty: the same build where both record one
 
     @property
     def regressions(self) -> list[str]:
-        """One line per regression, naming the point and the metric."""
-        lines = []
-        for p in self.points:
-            for name in p.regressions:
-                if name == "status":
-                    lines.append(f"{p.name}: failed (completed in the reference)")
-                    continue
-                ref, run = p.values[name]
-                assert ref is not None and run is not None
-                lines.append(f"{p.name}: {name} {ref:,.2f} -> {run:,.2f} ({(run - ref) / ref:+.1%}, "
-                             f"tolerance {self.tolerance:.0%})")
-        return lines
+        """One line per regression, naming the point and the metric: the judge's findings."""
+        return [f.detail for f in self.findings]
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.findings else 0
 
     def markdown(self) -> str:
-        head = ["deployment", "c"] + [m.label for m in METRICS] + ["verdict"]
-        lines = [f"## {self.run_id} against {self.reference_id} (tolerance {self.tolerance:.0%})", ""]
+        head = ["deployment", "c"] + [m.label or m.name for m in METRICS] + ["verdict"]
+        lines = [f"## {self.run_id} against {self.reference_id} ({self.rules})", ""]
         if self.build_differences:
             lines += ["**Not the same build**: these numbers compare different server code:"]
             lines += [f"- {d}" for d in self.build_differences] + [""]
@@ -234,7 +253,7 @@ class Comparison:
             for m in METRICS:
                 cells.append(_cell(m, *p.values[m.name], regressed=m.name in p.regressions))
             if "status" in p.regressions:
-                verdict = "**REGRESSION: failed**"
+                verdict = f"**REGRESSION: {p.status}**"
             elif p.regressions:
                 verdict = "**REGRESSION**"
             else:
@@ -249,7 +268,7 @@ class Comparison:
         return "\n".join(lines) + "\n"
 
 
-def _cell(metric: MetricSpec, ref: float | None, run: float | None, regressed: bool) -> str:
+def _cell(metric: Metric, ref: float | None, run: float | None, regressed: bool) -> str:
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:,.{metric.digits}f}"
 
@@ -261,35 +280,42 @@ def _cell(metric: MetricSpec, ref: float | None, run: float | None, regressed: b
     return f"**{text}**" if regressed else text
 
 
-def _refuse_if_different(run: Reference, ref: Reference) -> list[str]:
-    notes = []
-    problems = []
-    if run.gpu_model and ref.gpu_model and run.gpu_model != ref.gpu_model:
-        problems.append(f"GPU model {run.gpu_model!r} vs {ref.gpu_model!r}")
-    elif not (run.gpu_model and ref.gpu_model):
-        notes.append("GPU model unknown on one side; hardware checked by gpus_per_server only")
-    if run.gpus_per_server != ref.gpus_per_server:
-        problems.append(f"gpus_per_server {run.gpus_per_server} vs {ref.gpus_per_server}")
-    if run.simulated != ref.simulated:
-        problems.append(f"simulated {run.simulated} vs {ref.simulated}")
-    keys = sorted(set(run.workload) | set(ref.workload))
-    differing = [f"{k} {run.workload.get(k)!r} vs {ref.workload.get(k)!r}" for k in keys
-                 if run.workload.get(k) != ref.workload.get(k)]
-    if differing:
-        problems.append("workload differs: " + "; ".join(differing))
-    if problems:
-        raise ComparisonRefused(f"{run.run_id} and {ref.run_id} are not comparable: " + "; ".join(problems))
-    return notes
-
-
-def compare_runs(run: Path, reference: Path, tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
-    """Each point of `run` against the same (deployment, concurrency) of `reference`."""
+def with_tolerance(thresholds: GateThresholds, tolerance: float) -> GateThresholds:  # type: ignore[valid-type]
+    """The same gated metrics, every ratio rule at 1 -/+ `tolerance` (absolute rules unchanged)."""
     if not 0 <= tolerance < 1:
         raise HarnessError(f"--tolerance {tolerance}: must be a fraction in [0, 1), e.g. 0.10")
+    rules: dict[str, MetricRule | None] = {}
+    for name, rule in thresholds.rules():
+        if rule.min_ratio is not None:
+            rule = MetricRule(min_ratio=1 - tolerance)
+        elif rule.max_ratio is not None:
+            rule = MetricRule(max_ratio=1 + tolerance)
+        rules[name] = rule
+    for name in type(thresholds).model_fields:  # a default the run's sweep switched off stays off
+        rules.setdefault(name, None)
+    return GateThresholds.model_validate(rules)
+
+
+def compare_runs(run: Path, reference: Path, tolerance: float | None = None) -> Comparison:
+    """Each point of `run` against the same (deployment, concurrency) of `reference`, by the judge."""
     current = reference_from_run(Path(run))
     ref = load_reference(Path(reference))
-    comparison = Comparison(current.run_id, ref.run_id, tolerance, notes=_refuse_if_different(current, ref),
+    problems = current.experiment.differences(ref.experiment)
+    if problems:
+        raise ComparisonRefused(f"{current.run_id} and {ref.run_id} are not comparable: " + "; ".join(problems))
+    thresholds = current.thresholds if current.thresholds is not None else GateThresholds()
+    rules = "the sweep's nightly thresholds" if current.thresholds is not None else "the default thresholds"
+    if tolerance is not None:
+        thresholds, rules = with_tolerance(thresholds, tolerance), f"tolerance {tolerance:.0%}"
+    judged = judge(current.measurement(), [ref.measurement()], thresholds)
+    comparison = Comparison(current.run_id, ref.run_id, rules, findings=judged.findings,
+                            notes=current.experiment.unknown(ref.experiment) + judged.notes,
                             build_differences=build_differences(current, ref))
+    flagged: dict[tuple[str, int], list[str]] = {}
+    for f in judged.findings:
+        if f.parallel is not None:
+            flagged.setdefault((f.deployment, f.parallel), []).append(
+                f.metric if f.reason in ("threshold", "metric_missing") and f.metric else "status")
     for key, point in sorted(current.points.items()):
         base = ref.points.get(key)
         if base is None:
@@ -298,19 +324,7 @@ def compare_runs(run: Path, reference: Path, tolerance: float = DEFAULT_TOLERANC
         if base.number is not None and point.number is not None and base.number != point.number:
             comparison.notes.append(f"{key[0]} c{key[1]}: {point.number} conversations vs {base.number} "
                                     "in the reference")
-        regressions: list[str] = []
-        if point.status != "ok" and base.status == "ok":
-            regressions.append("status")
-        values = {}
-        for m in METRICS:
-            old, new = base.values.get(m.name), point.values.get(m.name)
-            values[m.name] = (old, new)
-            if old is None or new is None or m.better is None or point.status != "ok" or old == 0:
-                continue
-            change = (new - old) / abs(old)
-            if (m.better == "higher" and change < -tolerance) or (m.better == "lower" and change > tolerance):
-                regressions.append(m.name)
-        comparison.points.append(PointChange(key[0], key[1], point.status, base.status, values, regressions))
-    for key in sorted(set(ref.points) - set(current.points)):
-        comparison.notes.append(f"{key[0]} c{key[1]}: in the reference, not in this run")
+        values = {m.name: (base.values.get(m.name), point.values.get(m.name)) for m in METRICS}
+        comparison.points.append(PointChange(key[0], key[1], point.status, base.status, values,
+                                             flagged.get(key, [])))
     return comparison
