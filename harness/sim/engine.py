@@ -25,11 +25,15 @@ from harness.sim.state import (
     Policy,
     RequestState,
     SimRequest,
+    StepRecord,
     StepResult,
 )
 from harness.sim.steptime import BatchItem, step_cost
 
-__all__ = ["Engine", "EngineConfig", "FinishedRequest", "Policy", "RequestState", "SimRequest", "StepResult"]
+__all__ = ["Engine", "EngineConfig", "FinishedRequest", "Policy", "RequestState", "SimRequest", "StepRecord",
+           "StepResult"]
+
+STEP_RECORD_LEN = 16384  # the latest steps the engine keeps a record of (a few minutes of a live server)
 
 class Engine:
     def __init__(self, config: EngineConfig):
@@ -60,6 +64,9 @@ class Engine:
         self._ids: set[str] = set()
         self._pending_h2d_bytes = 0.0
         self._pending_pages = 0  # host pages the step in flight copies (HiSparse)
+        # the engine's own record of its latest steps, with the scheduler's stats of each (StepRecord)
+        self.step_record: deque[StepRecord] = deque(maxlen=STEP_RECORD_LEN)
+        self._step_index = 0
 
     @property
     def cpu_block_bytes(self) -> int:
@@ -121,7 +128,7 @@ class Engine:
                 state = self.waiting.popleft()
                 self._ids.discard(state.req.request_id)
                 aborted.append(state.req.request_id)
-            return StepResult(now_s, idle, {}, [], preempted, 0, aborted)
+            return StepResult(now_s, idle, {}, [], preempted, 0, aborted, self._record(now_s, idle, 0))
         items = [BatchItem(n, r.num_computed + n, self._sampled(r, n), self._is_prefill(r)) for r, n in scheduled]
         transfers = self.residency.step_transfers(scheduled)
         self._pending_pages = transfers.pages
@@ -146,7 +153,15 @@ class Engine:
         self.counters.steps += 1
         self.counters.step_tokens += scheduled_tokens
         self.counters.busy_s += duration_s
-        return StepResult(now_s, duration_s, tokens, finished, preempted, scheduled_tokens)
+        return StepResult(now_s, duration_s, tokens, finished, preempted, scheduled_tokens,
+                          record=self._record(now_s, duration_s, len(scheduled)))
+
+    def _record(self, start_s: float, duration_s: float, scheduled: int) -> StepRecord:
+        """The step's record with the stats vLLM's scheduler makes once the step's outputs are in."""
+        record = StepRecord(self._step_index, start_s, start_s + duration_s, scheduled, self.gauges())
+        self._step_index += 1
+        self.step_record.append(record)
+        return record
 
     # ---------------------------------------------------------------- scheduling
 

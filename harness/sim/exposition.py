@@ -4,12 +4,12 @@ series only with an offload pool, HiSparse series only with HiSparse, spec-decod
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from harness.sim.counters import Histogram
+from harness.sim.counters import EngineGauges, Histogram
 from harness.sim.engine import Engine
 
 MALFORMED_METRICS_TEXT = (
@@ -20,8 +20,12 @@ MALFORMED_METRICS_TEXT = (
 
 
 class EngineCollector:
-    def __init__(self, engine: Engine, served_model_name: str):
+    """`gauges` gives the scheduler's stats to show: by default the engine's state now (right for a
+    driver that scrapes between steps); a live server passes the stats of the last step that ended."""
+
+    def __init__(self, engine: Engine, served_model_name: str, gauges: Callable[[], EngineGauges] | None = None):
         self.engine = engine
+        self.gauges = gauges or engine.gauges
         self.labels = ["model_name", "engine"]
         self.values = [served_model_name, "0"]
 
@@ -42,7 +46,7 @@ class EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         e = self.engine
-        g, c, h = e.gauges(), e.counters, e.histograms
+        g, c, h = self.gauges(), e.counters, e.histograms
         yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
                           g.num_requests_running)
         yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
@@ -122,9 +126,9 @@ class EngineCollector:
 class MetricsText:
     """Renders an engine's metrics; one registry per engine (never the process-global one)."""
 
-    def __init__(self, engine: Engine, served_model_name: str):
+    def __init__(self, engine: Engine, served_model_name: str, gauges: Callable[[], EngineGauges] | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(EngineCollector(engine, served_model_name))
+        self.registry.register(EngineCollector(engine, served_model_name, gauges))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -24,6 +24,7 @@ from harness.config import LaunchProfile
 from harness.config.sim import SimSettings
 from harness.errors import HarnessError
 from harness.evidence import START_CONCURRENCY, START_ENABLED, START_POOLS
+from harness.sim.counters import EngineGauges
 from harness.sim.engine import Engine, EngineConfig, FinishedRequest, SimRequest
 from harness.sim.engine_config import engine_config
 from harness.sim.exposition import MALFORMED_METRICS_TEXT, MetricsText
@@ -53,7 +54,11 @@ class SimServer:
         self.config = engine_config(profile)
         self.engine = Engine(self.config)
         self.model_name = profile.served_model_name
-        self.metrics = MetricsText(self.engine, self.model_name)
+        # What /metrics shows of the scheduler (running, waiting, KV usage): the stats of the last step that
+        # ended, as vLLM's frontend sets its gauges from each step's outputs (docs/metrics.md, "Occupancy
+        # two ways"); never the state of the step still in flight.
+        self.published: EngineGauges = self.engine.gauges()
+        self.metrics = MetricsText(self.engine, self.model_name, gauges=lambda: self.published)
         self.measurer = PromptMeasurer(tokenizer, self.config.block_size)
         ids = tokenizer.encode_bare(FILLER_TEXT)
         self.filler = [tokenizer.decode([i]) for i in ids] or [" ok"]
@@ -76,6 +81,7 @@ class SimServer:
         scale = self.sim.time_scale
         while True:
             if not self.engine.has_work():
+                self.published = self.engine.gauges()  # idle: what the last step left, less any abort since
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -86,6 +92,8 @@ class SimServer:
                 self._wake.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=0.05)
+            if result.record is not None:  # the step has ended: its stats go out with its tokens
+                self.published = result.record.stats
             finished = {done.request_id: done for done in result.finished}
             for rid, n in result.tokens.items():
                 self._deliver(rid, ("tokens", n, finished.pop(rid, None)))

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from harness.sim.counters import EngineCounters
+from harness.sim.counters import EngineCounters, EngineGauges
 from harness.sim.kvpool import Block, PagePool
 from harness.sim.profiles import HardwareProfile, KVSizing, ModelProfile
 
@@ -86,6 +86,24 @@ class FinishedRequest:
 
 
 @dataclass(frozen=True)
+class StepRecord:
+    """One engine step as the engine ran it, and the scheduler's stats for it: what vLLM's scheduler
+    reports with the step's outputs (`make_stats()` after `update_from_output`: finished requests gone,
+    requests admitted in the step, prefill included, counted). A server shows `stats` from `end_s` on,
+    when the step's outputs reach the frontend, never during the step."""
+
+    index: int                      # every call of Engine.step, idle ones included
+    start_s: float
+    end_s: float
+    scheduled: int                  # requests in the batch; 0 for an idle step
+    stats: EngineGauges
+
+    @property
+    def num_running(self) -> int:
+        return self.stats.num_requests_running
+
+
+@dataclass(frozen=True)
 class StepResult:
     start_s: float
     duration_s: float
@@ -94,6 +112,7 @@ class StepResult:
     preempted: list[str]
     scheduled_tokens: int
     aborted: list[str] = field(default_factory=list)  # requests that can never fit the pool
+    record: StepRecord | None = None  # the engine's record of this step (Engine.step_record)
 
     @property
     def end_s(self) -> float:
