@@ -87,3 +87,28 @@ def test_report_command_draws_missing_figures(tmp_path):
     report = (tmp_path / "results" / "run-r" / "report.md").read_text()
     assert "](../../plots/run-r/pareto.png)" in report
     assert "warning: failed point" in done.stdout
+
+
+def test_contradicting_occupancy_measures_are_warned_and_both_shown(tmp_path):
+    from harness.results import RunPaths, read_point
+
+    run = make_run(tmp_path / "results", "run-o", simulated=True)
+    paths = RunPaths(run)
+    for (dep, parallel), (gauge, batch) in {(HISPARSE, 8): (1.0, 1.53), (HISPARSE, 16): (15.0, 14.8),
+                                            (OFFLOAD, 8): (None, 3.1)}.items():
+        record = read_point(paths.point_json(dep, parallel))
+        metrics = record.metrics.model_copy(update={"occupancy_mean_running": gauge, "decode_batch_mean": batch})
+        paths.point_json(dep, parallel).write_text(record.model_copy(update={"metrics": metrics}).model_dump_json())
+    warnings = collect_warnings(read_manifest(run), iter_points(run))
+    kinds = {(w.kind, w.text.split(":")[0]) for w in warnings}
+    assert kinds == {("occupancy measures differ", f"`{HISPARSE}` c8"), ("occupancy from counters", f"`{OFFLOAD}` c8")}
+    differ = next(w.text for w in warnings if w.kind == "occupancy measures differ")
+    assert "gauge mean 1.00" in differ and "decode batch 1.53" in differ and "0.53 requests apart" in differ
+
+    text = write_report(run, tmp_path / "no-plots").read_text()
+    assert "occupancy gauge / decode batch (req)" in text
+    row = lambda dep, c: next(line for line in text.splitlines() if line.startswith(f"| {dep} | {c} |"))  # noqa: E731
+    assert "| **1.0 / 1.53** (differ) |" in row(HISPARSE, 8)
+    assert "| 15.0 / 14.80 |" in row(HISPARSE, 16)
+    assert "| - / 3.10 (batch) |" in row(OFFLOAD, 8)
+    assert re.search(r"\| \d+\.\d / - \|", row(OFFLOAD, 1))  # the gauge alone: the fixture has no decode batch

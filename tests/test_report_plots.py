@@ -158,3 +158,58 @@ def test_a_run_without_points_still_draws(tmp_path):
     shutil.rmtree(run / "points")
     written = {p.name for p in plot_runs([run], tmp_path / "plots")}
     assert written == {"pareto.png", "pareto.svg", "occupancy.png", "occupancy.svg"}
+
+
+def _set_occupancy(run: Path, values: dict[tuple[str, int], tuple[float | None, float | None]]) -> None:
+    """Give points both occupancy measures: (gauge mean, decode batch) per (deployment, parallel)."""
+    from harness.results import RunPaths, read_point
+
+    paths = RunPaths(run)
+    for (dep, parallel), (gauge, batch) in values.items():
+        path = paths.point_json(dep, parallel)
+        record = read_point(path)
+        assert record is not None and record.metrics is not None
+        metrics = record.metrics.model_copy(update={"occupancy_mean_running": gauge, "decode_batch_mean": batch})
+        path.write_text(record.model_copy(update={"metrics": metrics}).model_dump_json(indent=2))
+        os.utime(path, (path.stat().st_mtime + 5,) * 2)  # newer than summary.csv: the rows are recomputed
+
+
+def test_occupancy_names_each_points_measure_and_shows_both_where_they_contradict(tmp_path):
+    run = make_run(tmp_path)
+    # the issue's shape: the gauge missed the second request the counters saw running (c8 here), and a
+    # point where no scrape saw a request at all (its gauge empty)
+    _set_occupancy(run, {(HISPARSE, 1): (1.0, 0.93), (HISPARSE, 8): (1.0, 1.53), (HISPARSE, 16): (15.0, 14.8),
+                         (OFFLOAD, 1): (1.0, 0.95), (OFFLOAD, 8): (None, 3.1)})
+    fig = build_occupancy_figure(load_runs([run]))
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    by_gid = {line.get_gid(): line for line in ax.get_lines() if line.get_gid()}
+
+    # the line runs through every point: the gauge where there is one, else the decode batch
+    hisparse, offload = by_gid[f"occupancy:{HISPARSE}"], by_gid[f"occupancy:{OFFLOAD}"]
+    assert list(hisparse.get_xdata())[:3] == [1, 8, 16] and list(hisparse.get_ydata())[:3] == [1.0, 1.0, 15.0]
+    assert list(offload.get_xdata())[:2] == [1, 8] and list(offload.get_ydata())[:2] == [1.0, 3.1]
+    # hollow markers where the value is the decode batch: the contradiction at HiSparse c8, the empty gauge
+    # at offload c8; none where the two agree within the margin
+    assert list(zip(*by_gid[f"occupancy-batch:{HISPARSE}"].get_data(), strict=True)) == [(8, 1.53)]
+    assert list(zip(*by_gid[f"occupancy-batch:{OFFLOAD}"].get_data(), strict=True)) == [(8, 3.1)]
+    assert by_gid[f"occupancy-batch:{OFFLOAD}"].get_markerfacecolor() == "white"
+    assert list(by_gid[f"occupancy-differ:{HISPARSE}:c8"].get_ydata()) == [1.0, 1.53]
+    assert not any(g.startswith(f"occupancy-differ:{OFFLOAD}") for g in by_gid)
+    assert (1, 1.0) in list(zip(*by_gid[f"occupancy-gauge:{HISPARSE}"].get_data(), strict=True))
+
+    labels = [t.get_text() for t in ax.texts if str(t.get_gid() or "").startswith("label:")]
+    assert {"1.0 gauge", "1.5 batch", "3.1 batch"} <= {part for text in labels for part in text.split("/")}
+    note = next(t.get_text() for t in ax.texts if t.get_gid() == "occupancy-marked")
+    assert f"{HISPARSE} c8 (gauge 1.0, batch 1.5)" in note.split("\n")[0]
+    assert "no scrape saw a request running" in note and f"{OFFLOAD} c8 (batch 3.1)" in note.split("\n")[1]
+    assert f"{HISPARSE} c16" not in note and "0.3 requests" in note
+    assert any("decode batch" in t for t in _texts(fig)) and any("gauge" in t for t in _texts(fig))
+
+
+def test_occupancy_without_decode_batch_draws_as_before(tmp_path):
+    df = load_runs([make_run(tmp_path)]).drop(columns=["decode_batch_mean"])
+    fig = build_occupancy_figure(df)
+    gids = [line.get_gid() or "" for line in fig.axes[0].get_lines()]
+    assert not any(g.startswith(("occupancy-batch:", "occupancy-differ:")) for g in gids)
+    assert not [t for t in fig.axes[0].texts if t.get_gid() == "occupancy-marked"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from harness.io import atomic_write_text
 from harness.records import PointRecord, RunManifest
 from harness.report import evidence
+from harness.report.plots import BATCH, GAUGE, OCCUPANCY_MARGIN_REQ, occupancy_reading
 from harness.results import RunPaths, iter_points, read_manifest
 
 TPOT_TOLERANCE = 0.10
@@ -80,6 +81,7 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
                 f"`{p.deployment}` c{p.parallel}: client TPOT {_num(m.mean_tpot_ms, 2)} ms vs server "
                 f"{_num(m.server_tpot_ms, 2)} ms ({(m.tpot_rel_diff or 0.0):+.0%}, more than "
                 f"{TPOT_TOLERANCE:.0%}): {why}")))
+    warnings += _occupancy_warnings(points)
     for p in points:
         resets = p.metrics.counter_resets if p.metrics is not None else 0
         if p.server_restarted or resets:
@@ -107,9 +109,46 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
     return warnings
 
 
+def _occupancy_warnings(points: list[PointRecord]) -> list[ReportWarning]:
+    """Points whose two occupancy measures contradict each other, or where only the counters saw the load
+    (docs/metrics.md, "Occupancy two ways"); the occupancy figure shows both at each of them."""
+    out: list[ReportWarning] = []
+    for p in points:
+        m = p.metrics
+        if m is None or p.status == "failed":
+            continue
+        reading = occupancy_reading(m.occupancy_mean_running, m.decode_batch_mean)
+        scrapes = (f"{m.scrapes_ok} scrapes over {_num(m.window_s)} s" if m.window_s is not None
+                   else f"{m.scrapes_ok} scrapes")
+        if reading.disagree:
+            assert reading.gauge is not None and reading.batch is not None
+            out.append(ReportWarning("occupancy measures differ", (
+                f"`{p.deployment}` c{p.parallel}: running gauge mean {reading.gauge:.2f} ({scrapes}, largest "
+                f"sample {_count(m.max_running)}) vs decode batch {reading.batch:.2f} from the engine counters: "
+                f"{abs(reading.gauge - reading.batch):.2f} requests apart, more than {OCCUPANCY_MARGIN_REQ:g}; the "
+                "figure shows both. The gauge averages over time, the decode batch over engine steps; a short "
+                "point or a server that answers /metrics late moves only the gauge.")))
+        elif reading.source == BATCH:
+            assert reading.batch is not None
+            out.append(ReportWarning("occupancy from counters", (
+                f"`{p.deployment}` c{p.parallel}: no scrape saw a request running ({scrapes}), so the running "
+                f"gauge gives no occupancy; the figure and the table show the decode batch {reading.batch:.2f} "
+                "from the engine counters instead.")))
+    return out
+
+
+def _occupancy_cell(gauge: float | None, batch: float | None) -> str:
+    """"gauge / decode batch"; "(differ)" where they contradict, "(batch)" where only the counters saw the load."""
+    reading = occupancy_reading(gauge, batch)
+    cell = f"{_num(reading.gauge)} / {_num(reading.batch, 2)}"
+    if reading.disagree:
+        return f"**{cell}** (differ)"
+    return cell + (" (batch)" if reading.source == BATCH else "")
+
+
 def _points_table(points: list[PointRecord]) -> list[str]:
     lines = ["| deployment | c | conv. | offset | status | interactivity (tok/s/user) | total (tok/s/GPU) "
-             "| output (tok/s/GPU) | TTFT (ms) | TPOT client / server (ms) | occupancy (req) "
+             "| output (tok/s/GPU) | TTFT (ms) | TPOT client / server (ms) | occupancy gauge / decode batch (req) "
              "| accept len | preemptions | KV max | requests ok / sent |",
              "|---|--:|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for p in points:
@@ -124,7 +163,8 @@ def _points_table(points: list[PointRecord]) -> list[str]:
             f"| {_num(m.interactivity_tok_s_user if m else None)} | {_count(m.total_tok_s_per_gpu if m else None)} "
             f"| {_num(m.output_tok_s_per_gpu if m else None)} | {_count(ttft)} "
             f"| {_num(tpot, 2)} / {_num(m.server_tpot_ms if m else None, 2)} "
-            f"| {_num(m.occupancy_mean_running if m else None)} | {_num(m.mtp_acceptance_length if m else None, 2)} "
+            f"| {_occupancy_cell(m.occupancy_mean_running, m.decode_batch_mean) if m else '-'} "
+            f"| {_num(m.mtp_acceptance_length if m else None, 2)} "
             f"| {_count(m.preemptions if m else None)} | {kv_max} | {requests} |")
     return lines
 
@@ -219,8 +259,12 @@ def render_report(run_dir: Path, plots_dir: Path) -> str:
     out += ["", evidence.client_line(manifest) + " " + evidence.reuse_line(manifest)]
     out += ["", "## Points", ""] + _points_table(points)
     out += ["", "Interactivity = 1000 / mean TPOT; per-GPU throughput = EvalScope throughput / "
-            f"{manifest.gpus_per_server} GPUs per server; occupancy = mean of the non-zero "
-            "`vllm:num_requests_running` samples.", "", "## Figures", ""]
+            f"{manifest.gpus_per_server} GPUs per server; occupancy: the {GAUGE}, mean of the non-zero "
+            "`vllm:num_requests_running` samples, and the decode batch, requests per engine step from the counters "
+            "(Δ`vllm:generation_tokens_total` / Δ`vllm:iteration_tokens_total_count` / MTP acceptance length). "
+            f"The occupancy figure plots the {GAUGE} (filled) and the decode batch (hollow) where the {GAUGE} is "
+            f"empty or more than {OCCUPANCY_MARGIN_REQ:g} requests away from it; those points are listed under "
+            "Warnings (docs/metrics.md, \"Occupancy two ways\").", "", "## Figures", ""]
     out += _figures(run_dir, Path(plots_dir))
     out += ["", "## HiSparse evidence", ""] + evidence.evidence_section(manifest, points)
     out += ["", "## Provenance", ""] + _provenance(manifest) + ["", "## Deployments", ""] + _deployments(run_dir, manifest)

@@ -164,42 +164,142 @@ def build_pareto_figure(df: pd.DataFrame, x: XAxis = "total") -> Figure:
     return fig
 
 
+# Where the running gauge's mean and the decode batch from the engine counters differ by more than this
+# (requests), the occupancy figure and the report show both (docs/metrics.md, "Occupancy two ways").
+OCCUPANCY_MARGIN_REQ = 0.3
+GAUGE, BATCH = "gauge", "decode batch"
+
+
+@dataclass(frozen=True)
+class OccupancyReading:
+    """A point's occupancy by both measures: the value the figure plots and which measure it is."""
+
+    gauge: float | None   # occupancy_mean_running: mean of the non-zero vllm:num_requests_running samples
+    batch: float | None   # decode_batch_mean: requests per engine step, from counters
+
+    @property
+    def source(self) -> str | None:
+        return GAUGE if self.gauge is not None else (BATCH if self.batch is not None else None)
+
+    @property
+    def value(self) -> float | None:
+        return self.gauge if self.gauge is not None else self.batch
+
+    @property
+    def disagree(self) -> bool:
+        """Both measured and more than OCCUPANCY_MARGIN_REQ apart."""
+        return (self.gauge is not None and self.batch is not None
+                and abs(self.gauge - self.batch) > OCCUPANCY_MARGIN_REQ)
+
+
+def _finite(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
+def occupancy_reading(gauge: object, batch: object) -> OccupancyReading:
+    return OccupancyReading(_finite(gauge), _finite(batch))
+
+
 def build_occupancy_figure(df: pd.DataFrame) -> Figure:
-    """Measured mean running requests against offered concurrency, with y = x (offered) for reference."""
+    """Measured mean running requests against offered concurrency, with y = x (offered) for reference.
+
+    Each point is the running gauge's mean (filled marker) or, where no scrape saw a request running,
+    the decode batch from the engine counters (hollow marker, labelled so). Where both exist and differ
+    by more than OCCUPANCY_MARGIN_REQ, the decode batch is drawn too (hollow, joined to the gauge's
+    point by a dotted line), both labels name their measure and a note under the axes lists the point."""
+    from matplotlib.lines import Line2D
+
     fig = _new_figure()
     ax = fig.add_subplot()
-    y_col = "occupancy_mean_running"
-    traces = _traces(df, [y_col])
+    y_col, batch_col = "occupancy_mean_running", "decode_batch_mean"
+    if batch_col not in df.columns:
+        df = df.assign(**{batch_col: float("nan")})
+    traces = [t for t in _traces(df, []) if not t.frame[[y_col, batch_col]].isna().all(axis=None)]
     labels: list[Label] = []
+    lines: list[tuple[list[float], list[float]]] = []
+    differ: list[str] = []
+    empty: list[str] = []
     offered = sorted({int(c) for c in df["parallel"].dropna()})
+    several = df["run_id"].nunique() > 1
     if offered:
         top = max(offered)
         ax.plot([0, top * 1.05], [0, top * 1.05], color="#888888", linestyle="--", linewidth=1.2,
                 label="offered concurrency (y = x)", zorder=1)
+    hollow_shown = False
     for trace in traces:
-        cs = trace.frame["parallel"].astype(int).tolist()
-        ys = trace.frame[y_col].astype(float).tolist()
-        (line,) = ax.plot(cs, ys, color=trace.colour, marker=trace.marker, linestyle=trace.linestyle,
-                          linewidth=1.8, markersize=6, label=trace.key, zorder=3)
+        points = [(int(c), occupancy_reading(g, b)) for c, g, b in
+                  zip(trace.frame["parallel"], trace.frame[y_col], trace.frame[batch_col], strict=True)]
+        points = [(c, r) for c, r in points if r.value is not None]
+        cs = [c for c, _ in points]
+        ys = [r.value for _, r in points]
+        (line,) = ax.plot(cs, ys, color=trace.colour, marker=None, linestyle=trace.linestyle,
+                          linewidth=1.8, label=trace.key, zorder=3)
         line.set_gid(f"occupancy:{trace.key}")
-        labels += [Label(c, y, f"{y:.1f}", trace.colour) for c, y in zip(cs, ys, strict=True)]
+        lines.append(([float(c) for c in cs], [float(y) for y in ys]))
+        gauge_pts = [(c, r.gauge) for c, r in points if r.source == GAUGE]
+        batch_pts = [(c, r.batch) for c, r in points if r.source == BATCH or r.disagree]
+        if gauge_pts:
+            ax.plot(*zip(*gauge_pts, strict=True), linestyle="none", marker=trace.marker, markersize=6,
+                    color=trace.colour, zorder=4, gid=f"occupancy-gauge:{trace.key}")
+        if batch_pts:
+            hollow_shown = True
+            ax.plot(*zip(*batch_pts, strict=True), linestyle="none", marker=trace.marker, markersize=7,
+                    markerfacecolor="white", markeredgewidth=1.6, color=trace.colour, zorder=4,
+                    gid=f"occupancy-batch:{trace.key}")
+        name = f"{trace.key} c" if several or len(traces) > 1 else "c"
+        for c, r in points:
+            if r.disagree:
+                assert r.gauge is not None and r.batch is not None
+                ax.plot([c, c], [r.gauge, r.batch], color=trace.colour, linestyle=":", linewidth=1.4, zorder=2,
+                        gid=f"occupancy-differ:{trace.key}:c{c}")
+                labels += [Label(c, r.gauge, f"{r.gauge:.1f} gauge", trace.colour),
+                           Label(c, r.batch, f"{r.batch:.1f} batch", trace.colour)]
+                differ.append(f"{name}{c} (gauge {r.gauge:.1f}, batch {r.batch:.1f})")
+            elif r.source == BATCH:
+                assert r.batch is not None
+                labels.append(Label(c, r.batch, f"{r.batch:.1f} batch", trace.colour))
+                empty.append(f"{name}{c} (batch {r.batch:.1f})")
+            else:
+                assert r.gauge is not None
+                labels.append(Label(c, r.gauge, f"{r.gauge:.1f}", trace.colour))
     if offered:
         ax.set_xticks(offered, [f"c{c}" for c in offered])
         ax.set_xlim(0, max(offered) * 1.05)
         ax.set_ylim(0, max(offered) * 1.05)
     ax.set_xlabel("Offered concurrency (EvalScope --parallel, requests)")
-    ax.set_ylabel("Measured mean running requests\n(mean of non-zero vllm:num_requests_running)")
+    ax.set_ylabel("Measured mean running requests\n(filled: gauge, mean of non-zero vllm:num_requests_running;\n"
+                  "hollow: decode batch, requests per engine step)")
     ax.set_title(f"Occupancy: requests the server actually ran: {_context(df)}", fontsize=11)
     if offered:
-        ax.legend(loc="upper left", fontsize=9, framealpha=0.9)
+        handles, names = ax.get_legend_handles_labels()
+        styles = {t.key: t for t in traces}
+        handles = [Line2D([], [], color=styles[n].colour, linestyle=styles[n].linestyle, marker=styles[n].marker,
+                          markersize=6) if n in styles else h for h, n in zip(handles, names, strict=True)]
+        handles.append(Line2D([], [], color="#444444", marker="o", linestyle="none", markersize=6))
+        names.append("gauge: mean of non-zero running samples")
+        if hollow_shown:
+            handles.append(Line2D([], [], color="#444444", marker="o", linestyle=":", markersize=7,
+                                  markerfacecolor="white", markeredgewidth=1.6))
+            names.append(f"decode batch (engine counters): where the gauge\nis empty or more than {OCCUPANCY_MARGIN_REQ:g} requests away")
+        ax.legend(handles, names, loc="upper left", fontsize=9, framealpha=0.9)
     else:
         ax.text(0.5, 0.5, "no completed points", transform=ax.transAxes, ha="center", color="#777777")
     ax.grid(True, alpha=0.3)
     _failed_note(ax, df)
+    notes = ([f"gauge and decode batch differ by more than {OCCUPANCY_MARGIN_REQ:g} requests: " + "; ".join(differ)]
+             if differ else []) + (["no scrape saw a request running, decode batch shown: " + "; ".join(empty)]
+                                   if empty else [])
+    if notes:
+        ax.annotate("\n".join(notes), xy=(0.0, -0.20 if not df[df["status"] != "ok"].empty else -0.13),
+                    xycoords="axes fraction", fontsize=8, color="#7a4b00", va="top", wrap=True,
+                    gid="occupancy-marked")
     _mark_simulated(fig, df)
     if offered:
-        place_labels(ax, labels, fontsize=8, lines=[([0, max(offered)], [0, max(offered)])] + [
-            (t.frame["parallel"].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
+        place_labels(ax, labels, fontsize=8, lines=[([0, max(offered)], [0, max(offered)])] + lines)
     return fig
 
 
