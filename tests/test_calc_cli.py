@@ -45,7 +45,7 @@ def test_json_parses_and_states_the_layout():
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_seq_range_prints_and_plots(tmp_path, suffix):
     chart = tmp_path / f"concurrency{suffix}"
-    proc = harness_calc("--seq-range", "1024:1048576", "--speculative-tokens", "3", "--plot", str(chart))
+    proc = harness_calc("--seq-range", "1024:1048576", "--speculative-tokens", "3", "--out", str(chart))
     assert proc.returncode == 0, proc.stderr
     # 6,260 baseline blocks x (k + 3,240) < 103,693 HiSparse blocks x k first holds at k = 209 blocks
     assert "crossover: HiSparse holds more requests than the baseline from 13,313 tokens" in proc.stdout
@@ -56,7 +56,7 @@ def test_seq_range_prints_and_plots(tmp_path, suffix):
 
 
 def test_seq_range_json_parses(tmp_path):
-    proc = harness_calc("--seq-range", "8K:1M", "--json", "--plot", str(tmp_path / "c.png"))
+    proc = harness_calc("--seq-range", "8K:1M", "--json", "--out", str(tmp_path / "c.png"))
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["crossover_seq_len"] == 8192
@@ -98,8 +98,8 @@ def test_from_launch(tmp_path):
     (["--layout", "sglang"], "--layout"),
     (["--tp", "eight"], "--tp: 'eight' is not a whole number"),
     (["--seq-range", "9000:100"], "--seq-range"),
-    (["--seq-range", "1024:4096", "--plot", "chart.pdf"], ".png or .svg"),
-    (["--plot", "chart.png"], "--seq-range"),
+    (["--seq-range", "1024:4096", "--out", "chart.pdf"], ".png or .svg"),
+    (["--out", "chart.png"], "--seq-range"),
     (["--from-launch", "no/such/profile.yaml"], "no such file"),
 ])
 def test_bad_inputs_are_one_line_exit_2(tmp_path, args, needle):

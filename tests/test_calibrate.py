@@ -115,7 +115,7 @@ def test_validation_figure_sits_beside_the_pareto_in_the_report(tmp_path):
                                                   tpot_ms_predicted=6.6, total_tok_s_measured=1600,
                                                   total_tok_s_predicted=1500)])
     (run_dir / VALIDATION_JSON).write_text(json.dumps(report.model_dump(mode="json")))
-    done = harness_cli("report", str(run_dir), "--plots", str(tmp_path / "plots"))
+    done = harness_cli("report", str(run_dir), "--out", str(tmp_path / "plots"))
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "plots/validation.png").stat().st_size > 10_000
     text = (run_dir / "report.md").read_text()

@@ -96,7 +96,7 @@ def test_a_sweeps_own_thresholds_give_one_verdict_from_nightly_history_and_the_d
             path.parent.mkdir(exist_ok=True)
             path.write_text(yaml.safe_dump({"extends": str(ROOT / "launch" / parent), "gpu": "H200",
                                             "sim": {"step_time_scale": scale}}))
-        return _cli(*nights.argv(run_id, "--simulate", "--no-report", "--no-site"))[0]
+        return _cli(*nights.argv(run_id, "--simulate", "--no-report", "--no-dashboard"))[0]
 
     codes = [night("own-n1", 1.0), night("own-n2", 1.0), night("own-n3", 1.04)]
     assert codes == [0, 0, 1]

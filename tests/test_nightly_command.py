@@ -117,7 +117,7 @@ def test_a_gpu_night_on_a_host_without_gpus_exits_2_and_records_why(tmp_path: Pa
     out = io.StringIO()
     with redirect_stdout(out), redirect_stderr(out):
         code = cli_main(["nightly", str(NIGHTLY), "--store", str(store), "--results-dir", str(results),
-                         "--run-id", "no-gpu-night", "--kernels", "vllm", "--site", str(tmp_path / "site")])
+                         "--run-id", "no-gpu-night", "--kernels", "vllm", "--out", str(tmp_path / "site")])
     text = out.getvalue()
     assert code == 2, text
     assert "infrastructure failure: no GPU on this host (nvidia-smi shows none); the sweep's servers need 8" in text

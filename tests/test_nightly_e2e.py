@@ -82,8 +82,8 @@ class Nights:
         """One night in virtual time, in this process (`harness nightly --simulate`)."""
         self.profiles(step_time_scale=step_time_scale, gpu=gpu)
         argv = self.argv(run_id, "--simulate", *args, store=store)
-        if "--site" not in args:
-            argv.append("--no-site")
+        if "--out" not in args:
+            argv.append("--no-dashboard")
         out = io.StringIO()
         saved = os.environ.pop("GITHUB_STEP_SUMMARY", None)
         if summary is not None:
@@ -119,7 +119,7 @@ def step_history(tmp_path_factory: pytest.TempPathFactory) -> dict:
             branches["missing"] = nights.simulate("step-n08-one-arm", "--deployment", HISPARSE,
                                                   store=nights.root / "missing")
             branches["gpu"] = nights.simulate("step-n08-h100", store=nights.root / "gpu", gpu="H100")
-        extra = ["--site", str(nights.root / "site")] if i == 12 else []
+        extra = ["--out", str(nights.root / "site")] if i == 12 else []
         done.append(nights.simulate(f"step-n{i:02d}", *extra, *([] if i == 8 else ["--no-report"]),
                                     step_time_scale=SLOWER if i >= 8 else 1.0,
                                     summary=nights.root / "step-summary.md" if i == 8 else None))
@@ -238,7 +238,7 @@ def test_a_night_through_servers_and_evalscope_then_a_server_that_never_starts(t
     summary = tmp_path / "summary.md"
     nights.profiles(run_seed=1)
     started = time.monotonic()
-    first = _harness(nights.argv("served-n01", "--launcher", "local", "--site", str(tmp_path / "site")),
+    first = _harness(nights.argv("served-n01", "--launcher", "local", "--out", str(tmp_path / "site")),
                      tmp_path, GITHUB_STEP_SUMMARY=str(summary))
     first_s = time.monotonic() - started
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -255,7 +255,7 @@ def test_a_night_through_servers_and_evalscope_then_a_server_that_never_starts(t
     # night 2: neither server ever answers /health: an infrastructure failure (exit 2), recorded with why
     never = {"ready_timeout_s": 3, "sim": {"faults": {"never_ready": True}}}
     nights.profiles(extra={HISPARSE: never, OFFLOAD: never})
-    second = _harness(nights.argv("served-n02", "--launcher", "local", "--no-report", "--no-site"), tmp_path)
+    second = _harness(nights.argv("served-n02", "--launcher", "local", "--no-report", "--no-dashboard"), tmp_path)
     assert second.returncode == 2, second.stdout[-3000:] + second.stderr[-3000:]
     assert "infrastructure failure" in second.stdout and "Nightly gate: NOT COMPARABLE" in second.stdout
     night2 = NightStore(nights.store).get("served-n02")

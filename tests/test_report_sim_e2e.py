@@ -47,7 +47,7 @@ def test_sim_sweep_plots_reports_and_compares(tmp_path):
         assert len(line.get_xdata()) == len(ok)
     assert any("SIMULATED" in t.get_text() for t in fig.findobj(lambda o: hasattr(o, "get_text")))
 
-    report = _harness("report", str(run), "--plots", str(tmp_path / "plots"), cwd=tmp_path)
+    report = _harness("report", str(run), "--out", str(tmp_path / "plots"), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "**SIMULATED**" in (run / "report.md").read_text()
 

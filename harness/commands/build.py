@@ -4,6 +4,8 @@ for a sweep, the pinned EvalScope its client names and every vLLM arm's environm
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -11,20 +13,23 @@ import yaml
 from harness.builds.client import ensure_client
 from harness.builds.envs import expected_python
 from harness.builds.prepare import prepare_build
-from harness.commands.common import add_dialect, progress
+from harness.commands import common
+from harness.commands.common import CommandArgs, positional, progress
 from harness.config import load_launch, load_sweep
 from harness.io import display_path, package_version
 from harness.plan import resolve_dialect
 
 
+@dataclass(frozen=True)
+class BuildArgs(CommandArgs):
+    launch: Path = positional("launch profile (launch/tiny-cpu.yaml) or sweep file (sweeps/tp8.yaml)", type=Path)
+    clients_dir: Path | None = common.clients_dir()
+    envs_dir: Path | None = common.envs_dir()
+    dialect: str | None = common.dialect("check the build against")
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("launch", help="launch profile (launch/tiny-cpu.yaml) or sweep file (sweeps/tp8.yaml)")
-    parser.add_argument("--clients-dir", type=Path, default=None,
-                        help="where pinned EvalScope clients live (default ~/.cache/hisparse-harness/clients)")
-    parser.add_argument("--cache-dir", type=Path, default=None,
-                        help="where environments live (default ~/.cache/hisparse-harness/envs)")
-    add_dialect(parser, "check the build against")
-    parser.set_defaults(run=run)
+    BuildArgs.register(parser, run)
 
 
 def _is_sweep(path: Path) -> bool:
@@ -35,7 +40,7 @@ def _is_sweep(path: Path) -> bool:
     return isinstance(data, dict) and "deployments" in data
 
 
-def _build_sweep(args: argparse.Namespace) -> int:
+def _build_sweep(args: BuildArgs) -> int:
     """The sweep's pinned client (built here: EvalScope runs beside the harness) and every vLLM arm."""
     loaded = load_sweep(args.launch)
     spec = loaded.sweep.client.evalscope
@@ -52,13 +57,13 @@ def _build_sweep(args: argparse.Namespace) -> int:
             continue
         done.add(launch.path)
         print(f"\n{dep.name} ({display_path(launch.path)}):")
-        code = run(argparse.Namespace(**{**vars(args), "launch": launch.path}))
+        code = run(dataclasses.replace(args, launch=launch.path))
         if code:
             return code
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: BuildArgs) -> int:
     if _is_sweep(args.launch):
         return _build_sweep(args)
     loaded = load_launch(args.launch)
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     dialect, notes = resolve_dialect(loaded, args.dialect)
     for note in notes:
         progress(f"warning: {note}")
-    prepared = prepare_build(profile, dialect, expected_python(profile.build, args.cache_dir), args.cache_dir,
+    prepared = prepare_build(profile, dialect, expected_python(profile.build, args.envs_dir), args.envs_dir,
                              progress)
     env, probe = prepared.env, prepared.probe
     size = f"{env.size_bytes / 2**30:.1f} GiB" if env.size_bytes else "n/a"

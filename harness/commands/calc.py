@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+from dataclasses import dataclass
+from pathlib import Path
 
 from harness.calc import CalcInputs, calculate, calculate_range, find_crossover, inputs_for_launch
 from harness.calc.plot import chart_format, plot_concurrency
@@ -16,6 +19,7 @@ from harness.calc.render import (
     plot_grid,
     table_grid,
 )
+from harness.commands.common import CommandArgs, option
 from harness.config import load_launch
 from harness.errors import HarnessError
 
@@ -47,25 +51,41 @@ _SWITCHES: list[tuple[str, str, bool, str]] = [
 ]
 
 
+@dataclass(frozen=True)
+class CalcArgs(CommandArgs):
+    seq_len: str | None = option("--seq-len", "tokens per request (default 81920; with --from-launch: "
+                                 "serve.max_model_len)", metavar="TOKENS")
+    seq_range: str | None = option("--seq-range", "print (and with --out draw) both modes from START to END "
+                                   "tokens, e.g. 8192:1048576", metavar="START:END")
+    out: Path | None = option("--out", "chart file for --seq-range, .png or .svg", type=Path, metavar="FILE",
+                              deprecated=("--plot",))
+    from_launch: str | None = option("--from-launch", "take the inputs from a launch profile YAML",
+                                     metavar="PROFILE")
+    layout: str | None = option("--layout", "blog (the page's 576-byte rows; default) or vllm (the 656-byte fp8 "
+                                "rows vLLM stores; default with --from-launch)")
+    json: bool = option("--json", "print JSON instead of a table", action="store_true", default=False)
+    # the deployment inputs given (not with --from-launch), as the calculator names them
+    inputs: dict[str, object] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        super().add_cli_args(parser)
+        inputs = parser.add_argument_group("deployment inputs (not with --from-launch)")
+        for flag, dest, kind, help_text in _INPUT_OPTIONS:
+            metavar = ("GIB" if dest.endswith("_gib") else "FRACTION" if kind == "float"
+                       else "N" if kind == "int" else dest.upper())
+            inputs.add_argument(flag, dest=f"in_{dest}", metavar=metavar, default=None, help=help_text)
+        for flag, dest, value, help_text in _SWITCHES:
+            inputs.add_argument(flag, dest=f"in_{dest}", action="store_const", const=value, default=None,
+                                help=help_text)
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace) -> CalcArgs:
+        return dataclasses.replace(super().from_cli_args(ns), inputs=_given_inputs(ns))
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seq-len", metavar="TOKENS",
-                        help="tokens per request (default 81920; with --from-launch: serve.max_model_len)")
-    parser.add_argument("--seq-range", metavar="START:END",
-                        help="print (and with --plot draw) both modes from START to END tokens, e.g. 8192:1048576")
-    parser.add_argument("--plot", metavar="FILE", help="chart file for --seq-range, .png or .svg")
-    parser.add_argument("--from-launch", metavar="PROFILE", help="take the inputs from a launch profile YAML")
-    parser.add_argument("--layout", default=None, help="blog (the page's 576-byte rows; default) or vllm "
-                        "(the 656-byte fp8 rows vLLM stores; default with --from-launch)")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    inputs = parser.add_argument_group("deployment inputs (not with --from-launch)")
-    for flag, dest, kind, help_text in _INPUT_OPTIONS:
-        metavar = ("GIB" if dest.endswith("_gib") else "FRACTION" if kind == "float"
-                   else "N" if kind == "int" else dest.upper())
-        inputs.add_argument(flag, dest=f"in_{dest}", metavar=metavar, default=None, help=help_text)
-    for flag, dest, value, help_text in _SWITCHES:
-        inputs.add_argument(flag, dest=f"in_{dest}", action="store_const", const=value, default=None,
-                            help=help_text)
-    parser.set_defaults(run=run)
+    CalcArgs.register(parser, run)
 
 
 def _number(text: str, flag: str, kind: str) -> int | float:
@@ -91,22 +111,18 @@ def _given_inputs(args: argparse.Namespace) -> dict[str, object]:
     return given
 
 
-def run(args: argparse.Namespace) -> int:
-
-    given = _given_inputs(args)
+def run(args: CalcArgs) -> int:
+    given = dict(args.inputs)
     if args.layout is not None and args.layout not in ("blog", "vllm"):
         raise HarnessError(f"--layout: {args.layout!r} is not a layout; use blog or vllm")
     if args.seq_len is not None and args.seq_range is not None:
         raise HarnessError("--seq-len and --seq-range exclude each other")
-    if args.plot is not None and args.seq_range is None:
-        raise HarnessError("--plot draws a range: give --seq-range START:END as well")
+    if args.out is not None and args.seq_range is None:
+        raise HarnessError("--out draws a range: give --seq-range START:END as well")
     seq_len = parse_tokens(args.seq_len, "--seq-len") if args.seq_len is not None else None
     seq_range = parse_seq_range(args.seq_range) if args.seq_range is not None else None
-    if args.plot is not None:
-        from pathlib import Path
-
-
-        chart_format(Path(args.plot))
+    if args.out is not None:
+        chart_format(args.out)
 
     if args.from_launch is not None:
 
@@ -136,9 +152,8 @@ def run(args: argparse.Namespace) -> int:
                           "results": [r.model_dump(mode="json") for r in rows]}, indent=2))
     else:
         print(format_range(rows, crossover))
-    if args.plot is not None:
-
-        written = plot_concurrency(calculate_range(inputs, plot_grid(lo, hi)), crossover, args.plot)
+    if args.out is not None:
+        written = plot_concurrency(calculate_range(inputs, plot_grid(lo, hi)), crossover, args.out)
         if not args.json:
             print(f"chart: {written}")
     return 0

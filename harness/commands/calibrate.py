@@ -5,6 +5,7 @@ whole sweep with it and compares every point."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.calibrate.observed import parse_point_names, read_run
@@ -12,30 +13,36 @@ from harness.calibrate.output import write_profile
 from harness.calibrate.session import ProfileChoice, calibrate_run, calibrate_table
 from harness.calibrate.table import load_table
 from harness.calibrate.validate import validate_run, validation_table
-from harness.commands.common import add_results_dir, progress
+from harness.commands import common
+from harness.commands.common import CommandArgs, option, positional, progress
 from harness.errors import HarnessError
 from harness.io import display_path
 from harness.session import close_run
 from harness.sim.profiles import CoefficientFit
 
 
+@dataclass(frozen=True)
+class CalibrateArgs(CommandArgs):
+    source: Path = positional("a measured run folder (results/<run>), or a table of public measurements (.yaml, "
+                              "e.g. harness/data/measurements/h200-public.yaml)", type=Path)
+    out: Path = option("--out", "the calibrated profile to write (.yaml)", type=Path, metavar="FILE", required=True)
+    points: str | None = option("--points", "the run's points to fit, e.g. cpu-baseline:c1,cpu-baseline:c4 "
+                                "(default: every ok point); the others are held out")
+    fit: str | None = option("--fit", "coefficients to fit, comma-separated (default: the step-time ones, plus "
+                             "HiSparse's where the run has its counters)")
+    model_profile: str | None = option("--model-profile", "the simulator's model profile for the run's arms "
+                                       "(default: each launch profile's sim.model_profile)")
+    hardware_profile: str | None = option("--hardware-profile", "the hardware profile to start from (default: "
+                                          "each launch profile's sim.hardware_profile)")
+    validate: bool = option("--validate", "simulate the run's whole sweep with the calibrated profile, compare "
+                            "every point, and write the comparison into the profile", action="store_true",
+                            default=False)
+    run_id: str | None = common.run_id("the validation run's folder name (default: <run>-validate)")
+    results_dir: Path = common.results_dir()
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", type=Path, help="a measured run folder (results/<run>), or a table of public "
-                        "measurements (.yaml, e.g. harness/data/measurements/h200-public.yaml)")
-    parser.add_argument("--out", type=Path, required=True, help="the calibrated profile to write (.yaml)")
-    parser.add_argument("--points", default=None, help="the run's points to fit, e.g. cpu-baseline:c1,cpu-baseline:c4 "
-                        "(default: every ok point); the others are held out")
-    parser.add_argument("--fit", default=None, help="coefficients to fit, comma-separated (default: the step-time "
-                        "ones, plus HiSparse's where the run has its counters)")
-    parser.add_argument("--model-profile", default=None, help="the simulator's model profile for the run's arms "
-                        "(default: each launch profile's sim.model_profile)")
-    parser.add_argument("--hardware-profile", default=None, help="the hardware profile to start from (default: "
-                        "each launch profile's sim.hardware_profile)")
-    parser.add_argument("--validate", action="store_true", help="simulate the run's whole sweep with the "
-                        "calibrated profile, compare every point, and write the comparison into the profile")
-    parser.add_argument("--run-id", default=None, help="the validation run's folder name (default: <run>-validate)")
-    add_results_dir(parser)
-    parser.set_defaults(run=run)
+    CalibrateArgs.register(parser, run)
 
 
 def _fit_lines(rows: list[CoefficientFit]) -> list[str]:
@@ -43,7 +50,7 @@ def _fit_lines(rows: list[CoefficientFit]) -> list[str]:
             f"{100 * r.rel_error:+6.1f}%" + ("" if r.weight else "  (compared, not fitted)") for r in rows]
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: CalibrateArgs) -> int:
     source: Path = args.source
     if args.out.suffix not in (".yaml", ".yml"):
         raise HarnessError(f"--out {args.out}: a calibrated profile is a .yaml file")

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from harness.commands import common
+from harness.commands.common import CommandArgs, option
 from harness.nightly.dashboard import build_dashboard
 
 
+@dataclass(frozen=True)
+class DashboardArgs(CommandArgs):
+    store: Path = common.store()
+    out: Path = option("--out", "folder to write the site into", type=Path, metavar="DIR", required=True)
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--store", type=Path, required=True, metavar="S", help="history folder")
-    parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder to write the site into")
-    parser.set_defaults(run=run)
+    DashboardArgs.register(parser, run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: DashboardArgs) -> int:
 
     result = build_dashboard(args.store, args.out)
     for line in result.warnings:

@@ -10,9 +10,11 @@ filesystem, for nodes without hub access).
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
-from harness.commands.common import progress
+from harness.commands import common
+from harness.commands.common import CommandArgs, positional, progress
 from harness.config import load_launch, load_sweep, read_yaml_mapping
 from harness.errors import HarnessError
 from harness.hub import HubRef, size_text
@@ -22,14 +24,15 @@ from harness.runner import SweepOptions, make_launcher
 from harness.weights import WeightsOutcome, fetch_needs, group_needs
 
 
+@dataclass(frozen=True)
+class FetchArgs(CommandArgs):
+    file: Path = positional("a launch profile (launch/*.yaml) or a sweep (sweeps/*.yaml)", type=Path)
+    launcher: str = common.launcher()
+    ray_gpus: int | None = common.ray_gpus()
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", type=Path, help="a launch profile (launch/*.yaml) or a sweep (sweeps/*.yaml)")
-    parser.add_argument("--launcher", choices=["ray", "local"], default="ray",
-                        help="ray (default): every node of RAY_ADDRESS's cluster (or of a local Ray) that can "
-                             "run the servers; local: this machine only")
-    parser.add_argument("--ray-gpus", type=int, default=None, metavar="N",
-                        help="GPUs a locally started Ray declares (e.g. fake ones on a CPU-only host)")
-    parser.set_defaults(run=run)
+    FetchArgs.register(parser, run)
 
 
 def servers_of(path: Path) -> list[tuple[str, HubRef | None, int]]:
@@ -47,7 +50,7 @@ def _node_lines(outcome: WeightsOutcome) -> list[str]:
             f", {n.seconds:.1f} s)" for n in outcome.nodes]
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: FetchArgs) -> int:
     servers = servers_of(args.file)
     needs = group_needs(servers)
     if not needs:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from harness.commands import common
+from harness.commands.common import CommandArgs, option, positional
 from harness.errors import HarnessError
 from harness.nightly.changepoint import history_change_points
 from harness.nightly.gate import gate_history, gate_night
@@ -16,40 +18,49 @@ from harness.nightly.store import NightStore
 from harness.results import RunPaths
 from harness.summary import resolve_run_dir
 
-if TYPE_CHECKING:
-    from harness.nightly.store import NightStore
+
+@dataclass(frozen=True)
+class HistoryAddArgs(CommandArgs):
+    run_ref: str = positional("run folder, or a run id in --results-dir", metavar="RUN")
+    report: Path | None = option("--report", "report file to keep with the night (default: the run's report.md "
+                                 "when present)", type=Path, metavar="FILE")
+    figures: Path | None = option("--figures", "folder whose .svg and .png figures are kept with the night",
+                                  type=Path, metavar="DIR")
+    replace: bool = option("--replace", "overwrite the night if it is already stored", action="store_true",
+                           default=False)
+    store: Path = common.store()
+    results_dir: Path = common.results_dir()
+
+
+@dataclass(frozen=True)
+class HistoryShowArgs(CommandArgs):
+    night_id: str | None = positional("night id (the run id; default: the latest night)", metavar="NIGHT",
+                                      nargs="?")
+    store: Path = common.store()
+
+
+@dataclass(frozen=True)
+class HistoryListArgs(CommandArgs):
+    store: Path = common.store()
+
+
+ACTIONS = {"add": (HistoryAddArgs, "add a run folder to the history as one night"),
+           "show": (HistoryShowArgs, "the gate's report of one night against the nights before it, judged with "
+                    "the settings it was recorded with"),
+           "list": (HistoryListArgs, "every night: when, what hardware, gate outcome")}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
-    add = actions.add_parser("add", help="add a run folder to the history as one night",
-                             description="add a run folder to the history as one night")
-    add.add_argument("run_ref", metavar="RUN", help="run folder, or a run id under results/")
-    add.add_argument("--report", type=Path, default=None,
-                     help="report file to keep with the night (default: the run's report.md when present)")
-    add.add_argument("--figures", type=Path, default=None, metavar="DIR",
-                     help="folder whose .svg and .png figures are kept with the night")
-    add.add_argument("--replace", action="store_true", help="overwrite the night if it is already stored")
-    show = actions.add_parser("show", help="the gate's report of one night against the nights before it",
-                              description="the gate's report of one night against the nights before it")
-    show.add_argument("night_id", metavar="NIGHT", nargs="?", default=None,
-                      help="night id (the run id; default: the latest night)")
-    actions.add_parser("list", help="every night: when, what hardware, gate outcome",
-                       description="every night: when, what hardware, gate outcome")
-    for sub in actions.choices.values():
-        sub.add_argument("--store", type=Path, required=True, metavar="S", help="history folder")
-        sub.set_defaults(run=run)
+    for name, (args_class, help_text) in ACTIONS.items():
+        sub = actions.add_parser(name, help=help_text, description=help_text)
+        run = {"add": _add, "show": _show, "list": _list}[name]
+        args_class.register(sub, run)
 
 
-def run(args: argparse.Namespace) -> int:
-
+def _add(args: HistoryAddArgs) -> int:
     store = NightStore(args.store)
-    return {"add": _add, "list": _list, "show": _show}[args.action](args, store)
-
-
-def _add(args: argparse.Namespace, store: NightStore) -> int:
-
-    run_dir = resolve_run_dir(args.run_ref)
+    run_dir = resolve_run_dir(args.run_ref, args.results_dir)
     report = args.report
     if report is None and RunPaths(run_dir).report_md.is_file():
         report = RunPaths(run_dir).report_md
@@ -61,8 +72,8 @@ def _add(args: argparse.Namespace, store: NightStore) -> int:
     return 0
 
 
-def _list(args: argparse.Namespace, store: NightStore) -> int:
-
+def _list(args: HistoryListArgs) -> int:
+    store = NightStore(args.store)
     history = store.load()
     for line in history.warnings:
         print(line, file=sys.stderr)
@@ -79,8 +90,8 @@ def _list(args: argparse.Namespace, store: NightStore) -> int:
     return 0
 
 
-def _show(args: argparse.Namespace, store: NightStore) -> int:
-
+def _show(args: HistoryShowArgs) -> int:
+    store = NightStore(args.store)
     history = store.load()
     for line in history.warnings:
         print(line, file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+from dataclasses import dataclass
 
 from harness.builds.locks import (
     CI_CONSTRAINTS,
@@ -17,16 +18,19 @@ from harness.builds.locks import (
     write_constraints,
     write_lock,
 )
-from harness.commands.common import progress
+from harness.commands.common import CommandArgs, option, positional, progress
+
+
+@dataclass(frozen=True)
+class LockArgs(CommandArgs):
+    recipes: list[str] = positional(f"which to re-resolve (default: all): {', '.join([*RECIPES, CI_CONSTRAINTS])}",
+                                    metavar="RECIPE", nargs="*")
+    check: bool = option("--check", "resolve and report what changed, write nothing; exit 1 when a lock would "
+                         "change", action="store_true", default=False)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    names = [*RECIPES, CI_CONSTRAINTS]
-    parser.add_argument("recipes", nargs="*", metavar="RECIPE",
-                        help=f"which to re-resolve (default: all): {', '.join(names)}")
-    parser.add_argument("--check", action="store_true",
-                        help="resolve and report what changed, write nothing; exit 1 when a lock would change")
-    parser.set_defaults(run=run)
+    LockArgs.register(parser, run)
 
 
 def _changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
@@ -35,7 +39,7 @@ def _changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
     return out
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: LockArgs) -> int:
     wanted = args.recipes or [*RECIPES, CI_CONSTRAINTS]
     unknown = [n for n in wanted if n not in RECIPES and n != CI_CONSTRAINTS]
     if unknown:

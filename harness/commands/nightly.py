@@ -9,9 +9,11 @@ import argparse
 import os
 import sys
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 
-from harness.commands.common import add_no_report, add_results_dir, progress
+from harness.commands import common
+from harness.commands.common import CommandArgs, option, positional, progress
 from harness.config import load_sweep
 from harness.io import display_path
 from harness.nightly.markdown import step_summary
@@ -19,45 +21,51 @@ from harness.nightly.overrides import Kernels
 from harness.nightly.run import REPORT_NAME, NightlyOptions, run_night
 
 
+@dataclass(frozen=True)
+class NightlyArgs(CommandArgs):
+    sweep: Path = positional("sweep file, e.g. sweeps/nightly.yaml (its `nightly:` section sets the baseline "
+                             "window and thresholds)", type=Path)
+    store: Path = common.store()
+    simulate: bool = option("--simulate", "run the sweep on the simulated engine in virtual time (seconds; no "
+                            "servers, no EvalScope); such nights are compared only with each other",
+                            action="store_true", default=False)
+    kernels: str | None = option("--kernels", "HiSparse kernels of every vLLM arm tonight: bundled (the "
+                                 "harness's module) or vllm (the build's own); default: each launch profile's "
+                                 "build.kernels", choices=typing.get_args(Kernels))
+    vllm_ref: str | None = option("--vllm-ref", "build every vLLM arm from REF tonight: a commit or branch of "
+                                  "the profile's repository, or a whole spec (owner/vllm@ref, ==0.33.0)",
+                                  metavar="REF")
+    deployments: tuple[str, ...] = option("--deployment", "run only this deployment (repeatable); the gate "
+                                          "reports the others as missing", metavar="NAME", repeat=True)
+    run_id: str | None = common.run_id("the night's run folder and night id (default: sweep name + UTC time); "
+                                       "an existing run folder is resumed")
+    results_dir: Path = common.results_dir()
+    launcher: str = common.launcher()
+    ray_gpus: int | None = common.ray_gpus()
+    envs_dir: Path | None = common.envs_dir()
+    clients_dir: Path | None = common.clients_dir()
+    out: Path = option("--out", "where the dashboard is written (default: site)", type=Path, metavar="DIR",
+                       default=Path("site"), deprecated=("--site",))
+    no_dashboard: bool = option("--no-dashboard", "do not write the dashboard", action="store_true", default=False,
+                                deprecated=("--no-site",))
+    regression_report: Path | None = option("--regression-report", "the regression report, shaped as an issue "
+                                            f"(default: <run folder>/{REPORT_NAME})", type=Path, metavar="FILE",
+                                            deprecated=("--report",))
+    no_report: bool = common.no_report()
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sweep", type=Path, help="sweep file, e.g. sweeps/nightly.yaml (its `nightly:` section "
-                        "sets the baseline window and thresholds)")
-    parser.add_argument("--store", type=Path, required=True, metavar="S", help="history folder (created if new)")
-    parser.add_argument("--simulate", action="store_true",
-                        help="run the sweep on the simulated engine in virtual time (seconds; no servers, no "
-                        "EvalScope); such nights are compared only with each other")
-    parser.add_argument("--kernels", choices=typing.get_args(Kernels), default=None,
-                        help="HiSparse kernels of every vLLM arm tonight: bundled (the harness's module) or "
-                        "vllm (the build's own); default: each launch profile's build.kernels")
-    parser.add_argument("--vllm-ref", default=None, metavar="REF",
-                        help="build every vLLM arm from REF tonight: a commit or branch of the profile's "
-                        "repository, or a whole spec (owner/vllm@ref, ==0.33.0)")
-    parser.add_argument("--deployment", dest="deployments", action="append", default=[], metavar="NAME",
-                        help="run only this deployment (repeatable); the gate reports the others as missing")
-    parser.add_argument("--run-id", default=None, help="the night's run folder and night id "
-                        "(default: sweep name + UTC time); an existing run folder is resumed")
-    add_results_dir(parser)
-    parser.add_argument("--launcher", choices=["ray", "local"], default="ray",
-                        help="ray (default; RAY_ADDRESS or a local Ray) or local subprocesses")
-    parser.add_argument("--ray-gpus", type=int, default=None, metavar="N",
-                        help="GPUs a locally started Ray declares (e.g. fake ones on a CPU-only host)")
-    parser.add_argument("--site", type=Path, default=Path("site"), metavar="DIR",
-                        help="where the dashboard is written (default: site)")
-    parser.add_argument("--no-site", action="store_true", help="do not write the dashboard")
-    parser.add_argument("--report", type=Path, default=None, metavar="FILE",
-                        help=f"the regression report, shaped as an issue (default: <run folder>/{REPORT_NAME})")
-    add_no_report(parser)
-    parser.set_defaults(run=run)
+    NightlyArgs.register(parser, run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: NightlyArgs) -> int:
     loaded = load_sweep(args.sweep)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     options = NightlyOptions(
         store=args.store, run_id=args.run_id, results_root=args.results_dir, simulate=args.simulate,
-        launcher=args.launcher, ray_gpus=args.ray_gpus, kernels=args.kernels, vllm_ref=args.vllm_ref,
-        deployments=tuple(args.deployments), figures=not args.no_report,
-        site_dir=None if args.no_site else args.site, report_path=args.report,
+        launcher=args.launcher, ray_gpus=args.ray_gpus, envs_dir=args.envs_dir, clients_dir=args.clients_dir,
+        kernels=args.kernels, vllm_ref=args.vllm_ref, deployments=args.deployments, figures=not args.no_report,
+        site_dir=None if args.no_dashboard else args.out, report_path=args.regression_report,
         step_summary_path=Path(summary) if summary else None)
     outcome = run_night(loaded, options, progress=progress)
     for line in outcome.warnings:

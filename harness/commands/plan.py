@@ -5,22 +5,29 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from dataclasses import dataclass
+from pathlib import Path
 
-from harness.commands.common import add_dialect
+from harness.commands import common
+from harness.commands.common import CommandArgs, option, positional
 from harness.config import load_sweep
 from harness.io import display_path
 from harness.plan import Plan, make_plan, planned_client_argv
 from harness.redact import redact_argv, redact_env
 
 
+@dataclass(frozen=True)
+class PlanArgs(CommandArgs):
+    sweep: Path = positional("sweep file, e.g. sweeps/tp8.yaml", type=Path)
+    dialect: str | None = common.dialect("render HiSparse flags for")
+    json: bool = option("--json", "print the plan as JSON for tools", action="store_true", default=False)
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sweep", help="sweep file, e.g. sweeps/tp8.yaml")
-    add_dialect(parser, "render HiSparse flags for")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON for tools")
-    parser.set_defaults(run=run)
+    PlanArgs.register(parser, run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: PlanArgs) -> int:
     plan = make_plan(load_sweep(args.sweep), dialect=args.dialect)
     print(json.dumps(plan_as_dict(plan), indent=2) if args.json else plan_as_text(plan))
     return 0

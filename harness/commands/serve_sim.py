@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 
+from harness.commands.common import CommandArgs, option
 from harness.config import load_launch
 from harness.config.sim import SimSettings
 from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
@@ -13,17 +15,21 @@ from harness.errors import HarnessError
 from harness.sim.server import SimServer, serve
 
 
+@dataclass(frozen=True)
+class ServeSimArgs(CommandArgs):
+    launch: Path = option("--launch", "launch profile to simulate, e.g. launch/sim-hisparse.yaml", type=Path,
+                          required=True, deprecated=("--profile",))
+    host: str | None = option("--host", "address to bind (default: the profile's, 127.0.0.1)")
+    port: int | None = option("--port", "port (default: the profile's, else 8000)", type=int)
+    time_scale: float | None = option("--time-scale", "simulated seconds per wall second (default: the "
+                                      "profile's sim.time_scale)", type=float)
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--launch", "--profile", dest="launch", type=Path, required=True,
-                        help="launch profile to simulate, e.g. launch/sim-hisparse.yaml")
-    parser.add_argument("--host", default=None, help="address to bind (default: the profile's, 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="port (default: the profile's, else 8000)")
-    parser.add_argument("--time-scale", type=float, default=None,
-                        help="simulated seconds per wall second (default: the profile's sim.time_scale)")
-    parser.set_defaults(run=run)
+    ServeSimArgs.register(parser, run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: ServeSimArgs) -> int:
 
 
     profile = load_launch(args.launch).profile

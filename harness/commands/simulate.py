@@ -4,24 +4,30 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from harness.commands.common import add_no_report, add_results_dir, progress
+from harness.commands import common
+from harness.commands.common import CommandArgs, positional, progress
 from harness.config import load_sweep
 from harness.io import display_path
 from harness.session import SessionOptions, run_session
 from harness.summary import summary_table
 
 
+@dataclass(frozen=True)
+class SimulateArgs(CommandArgs):
+    sweep: Path = positional("sweep file (its launch profiles may be vllm or sim)", type=Path)
+    run_id: str | None = common.run_id("run folder name (default: <sweep>-sim-<UTC time>)")
+    results_dir: Path = common.results_dir()
+    no_report: bool = common.no_report()
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sweep", type=Path, help="sweep file (its launch profiles may be vllm or sim)")
-    parser.add_argument("--run-id", default=None, help="run folder name (default: <sweep>-sim-<UTC time>)")
-    add_results_dir(parser)
-    add_no_report(parser)
-    parser.set_defaults(run=run)
+    SimulateArgs.register(parser, run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: SimulateArgs) -> int:
     loaded = load_sweep(args.sweep)
     result = run_session(loaded, SessionOptions(run_id=args.run_id, results_root=args.results_dir, simulate=True,
                                                 outputs=not args.no_report), progress=progress)

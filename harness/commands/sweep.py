@@ -4,32 +4,39 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 
-from harness.commands.common import add_dialect, add_no_report, add_results_dir, progress
+from harness.commands import common
+from harness.commands.common import CommandArgs, positional, progress
 from harness.config import load_sweep
 from harness.io import display_path
 from harness.session import SessionOptions, run_session
 from harness.summary import summary_table
 
 
+@dataclass(frozen=True)
+class SweepArgs(CommandArgs):
+    sweep: Path = positional("sweep file, e.g. sweeps/sim.yaml", type=Path)
+    run_id: str | None = common.run_id()
+    launcher: str = common.launcher()
+    dialect: str | None = common.dialect("render HiSparse flags for")
+    ray_gpus: int | None = common.ray_gpus()
+    results_dir: Path = common.results_dir()
+    envs_dir: Path | None = common.envs_dir()
+    clients_dir: Path | None = common.clients_dir()
+    no_report: bool = common.no_report()
+
+
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("sweep", help="sweep file, e.g. sweeps/sim.yaml")
-    parser.add_argument("--run-id", help="name of the run folder; an existing one is resumed "
-                        "(default: sweep name + UTC time)")
-    parser.add_argument("--launcher", choices=["ray", "local"], default="ray",
-                        help="ray (default; RAY_ADDRESS or a local Ray) or local subprocesses")
-    add_dialect(parser, "render HiSparse flags for")
-    parser.add_argument("--ray-gpus", type=int, default=None, metavar="N",
-                        help="GPUs a locally started Ray declares (e.g. fake ones on a CPU-only host)")
-    add_results_dir(parser)
-    add_no_report(parser)
-    parser.set_defaults(run=run)
+    SweepArgs.register(parser, run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: SweepArgs) -> int:
     loaded = load_sweep(args.sweep)
     options = SessionOptions(run_id=args.run_id, results_root=args.results_dir, launcher=args.launcher,
-                             dialect=args.dialect, ray_gpus=args.ray_gpus, outputs=not args.no_report)
+                             dialect=args.dialect, ray_gpus=args.ray_gpus, envs_dir=args.envs_dir,
+                             clients_dir=args.clients_dir, outputs=not args.no_report)
     result = run_session(loaded, options, progress=progress)
     if result.error is not None:
         raise result.error

@@ -55,6 +55,7 @@ class NightlyOptions:
     launcher: LauncherKind = "ray"
     ray_gpus: int | None = None
     envs_dir: Path | None = None
+    clients_dir: Path | None = None
     kernels: Kernels | None = None  # every vLLM arm's build.kernels
     vllm_ref: str | None = None  # every vLLM arm's build
     deployments: tuple[str, ...] = ()  # only these (a partial night: the others are reported missing)
@@ -137,7 +138,7 @@ def run_night(loaded: LoadedSweep, options: NightlyOptions, progress: Progress =
     if failure is None:
         session = SessionOptions(run_id=run_id, results_root=options.results_root, simulate=options.simulate,
                                  launcher=options.launcher, ray_gpus=options.ray_gpus, envs_dir=options.envs_dir,
-                                 build_first=True, outputs=options.figures)
+                                 clients_dir=options.clients_dir, build_first=True, outputs=options.figures)
         try:
             ran = run_session(loaded, session, progress)
         except KeyboardInterrupt:
