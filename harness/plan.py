@@ -28,7 +28,7 @@ from harness.loadgen import (
     warmed_resends,
 )
 from harness.servers.base import MODEL_PLACEHOLDER, PORT_PLACEHOLDER
-from harness.servers.preflight import PinnedMemory, hisparse_refusals, pinned_memory
+from harness.servers.preflight import PinnedMemory, hisparse_start_refusals, pinned_memory, stop_grace_for
 from harness.servers.vllm_command import ServerCommand, server_command
 from harness.support import (
     ResolvedDialect,
@@ -94,6 +94,7 @@ class DeploymentPlan:
     points: tuple[PointPlan, ...]
     sizing: Sizing | None = None  # predicted concurrency (vLLM engines only)
     pinned: PinnedMemory | None = None  # host memory pinned per node (vLLM engines only)
+    stop_grace_s: float = 15.0  # what a stop gives the server after SIGTERM (servers/preflight.py stop_grace_for)
     api_key: str | None = None  # the key the server demands; readiness, scrapes and the client send it
     # a hub model: fetched onto the server's node before it starts; the argv names MODEL_PLACEHOLDER
     weights: HubRef | None = None
@@ -227,7 +228,7 @@ def _refuse(launch: LoadedLaunch) -> PinnedMemory | None:
     profile = launch.profile
     if profile.engine != "vllm":
         return None
-    problems = hisparse_refusals(profile, profile.host_ram_gib)
+    problems = hisparse_start_refusals(profile, profile.host_ram_gib)
     if problems:
         raise ConfigError(launch.path, problems[0], "kv.hisparse" if profile.kv.hisparse else "kv")
     return pinned_memory(profile)
@@ -259,7 +260,10 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
         weights = profile.model_ref
         # a hub model is fetched onto the node first; which path it lands at is the fetch's to say
         rendered = profile.served_from(MODEL_PLACEHOLDER) if weights is not None else profile
-        command = server_command(rendered, launch.path, dialect=resolved, python=build.python if build else None)
+        grace = profile.stop_grace_s if profile.stop_grace_s is not None else \
+            stop_grace_for(pinned.per_node_gib if pinned is not None else 0.0)
+        command = server_command(rendered, launch.path, dialect=resolved, python=build.python if build else None,
+                                 stop_grace_s=grace)
         served = sweep.client.model or profile.served_model_name
         api_key = profile.api_key
         points = tuple(
@@ -275,7 +279,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
             name=dep.name, launch=launch, engine=profile.engine, dialect=command.dialect, build=build,
             command=command, reserve_gpus=launch.profile.reserved_gpus(sweep.gpus_per_server),
             served_model_name=profile.served_model_name, ready_timeout_s=profile.effective_ready_timeout_s,
-            points=points, sizing=sizing, api_key=api_key, pinned=pinned, weights=weights))
+            points=points, sizing=sizing, api_key=api_key, pinned=pinned, weights=weights, stop_grace_s=grace))
     recipe = loaded.recipe.recipe
     resends = ()
     if recipe.reuse == "blog":

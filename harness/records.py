@@ -304,6 +304,18 @@ class HiSparseEvidence(Record):
     metric_families: list[str] = Field(default_factory=list)
 
 
+class StopRecord(Record):
+    """One stop of a deployment's server: how long it took, the grace it had, and whether anything had
+    to be signalled beyond the server itself or killed."""
+
+    at: str  # ISO 8601 UTC, when the stop began
+    grace_s: float
+    duration_s: float
+    exited_in_grace: bool  # the tree exited on the server's own SIGTERM within the grace
+    killed: list[int] = Field(default_factory=list)  # pids that needed SIGKILL
+    survivors: list[int] = Field(default_factory=list)  # pids still alive after SIGKILL (a leak)
+
+
 class DeploymentRecord(Record):
     """One deployment of a run: what it is, where its server ran, and how often it restarted."""
 
@@ -320,6 +332,7 @@ class DeploymentRecord(Record):
     weights: WeightsRecord | None = None  # a hub model fetched onto the server nodes
     policy: str | None = None  # simulated engine: its KV residency policy
     evidence: HiSparseEvidence | None = None  # what the server showed of HiSparse (HiSparse arms)
+    stops: list[StopRecord] = Field(default_factory=list)  # every stop of its server, in order
 
 
 class ResolvedConfig(Record):

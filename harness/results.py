@@ -25,6 +25,7 @@ from harness.records import (
     ProvenanceRecord,
     RunManifest,
     RunStatus,
+    StopRecord,
     WorkloadRecord,
     run_status,
 )
@@ -170,14 +171,6 @@ class RunRecorder:
 
     # ---- reading
 
-    @property
-    def run_id(self) -> str:
-        return self.paths.run_id
-
-    def manifest(self) -> RunManifest:
-        with self._lock:
-            return self._manifest.model_copy(deep=True)
-
     def point_ok(self, deployment: str, parallel: int) -> bool:
         record = read_point(self.paths.point_json(deployment, parallel))
         return record is not None and record.status in OK_STATUSES
@@ -187,11 +180,10 @@ class RunRecorder:
     def _write(self) -> None:
         atomic_write_json(self.paths.manifest, self._manifest)
 
-    def record_provenance(self, provenance: ProvenanceRecord, *, gpu_model: str | None = None) -> None:
+    def record_provenance(self, provenance: ProvenanceRecord) -> None:
         with self._lock:
             self._manifest.provenance = ProvenanceRecord.model_validate(
                 redact_config(provenance.model_dump(mode="json")))
-            self._manifest.gpu_model = self._manifest.gpu_model or gpu_model
             self._write()
 
     def update_workload(self, **fields: Any) -> None:
@@ -205,6 +197,12 @@ class RunRecorder:
             current = self._manifest.deployments[name].model_dump()
             current.update(redact_config(_plain(fields)))
             self._manifest.deployments[name] = DeploymentRecord.model_validate(current)
+            self._write()
+
+    def record_stop(self, name: str, stop: StopRecord) -> None:
+        with self._lock:
+            record = self._manifest.deployments[name]
+            self._manifest.deployments[name] = record.model_copy(update={"stops": [*record.stops, stop]})
             self._write()
 
     def count_restart(self, name: str) -> None:

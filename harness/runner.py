@@ -28,11 +28,11 @@ from harness.config import LoadedSweep
 from harness.dataset import BuiltDataset, ensure_built
 from harness.errors import HarnessError
 from harness.evidence import check_hisparse
-from harness.io import display_path
+from harness.io import display_path, utc_now_iso
 from harness.loadgen import LoadGenerator, with_offset
 from harness.plan import DeploymentPlan, Plan, PointPlan, make_plan
 from harness.point import failed_record, run_point
-from harness.records import BuildRecord, DeploymentRecord, PointRecord, WorkloadRecord
+from harness.records import BuildRecord, DeploymentRecord, PointRecord, StopRecord, WorkloadRecord
 from harness.results import RunRecorder, new_run_id, run_dir_for
 from harness.servers.base import (
     LOCAL_NODE,
@@ -187,8 +187,7 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
                                                   evalscope_version=client_version,
                                                   client_source=plan.client.source,
                                                   client_lock_sha256=client_lock,
-                                                  hub_inputs={i.role: i.record() for i in dataset.inputs}),
-                               gpu_model=None)
+                                                  hub_inputs={i.role: i.record() for i in dataset.inputs}))
     recorder.update_workload(dataset_sha256=dataset.sha256, conversations_built=dataset.conversations)
     for name, prepared in builds.items():
         recorder.update_deployment(name, build=_build_record(plan.deployment(name), prepared.provenance()))
@@ -285,7 +284,7 @@ def _server_spec(run: _Run, dep: DeploymentPlan) -> ServerSpec:
                       port=profile.port or 0, log_path=run.recorder.paths.server_log(dep.name),
                       ready_timeout_s=dep.ready_timeout_s, gpus=dep.reserve_gpus,
                       served_model_name=dep.served_model_name, api_key=dep.api_key, pid_dir=run.options.pid_dir,
-                      prepare=prepare, model_paths=model_paths)
+                      prepare=prepare, model_paths=model_paths, stop_grace_s=dep.stop_grace_s)
 
 
 def start_failure_reason(exc: ServerStartError) -> str:
@@ -342,10 +341,20 @@ class _Server:
 
     def stop(self) -> None:
         if self.handle is not None:
+            at = utc_now_iso()
             try:
                 self.handle.stop()
             except HarnessError as exc:
                 self.run.progress(f"{self.dep.name}: teardown: {exc}")
+            teardown = self.handle.last_teardown
+            if teardown is not None:
+                self.run.recorder.record_stop(self.dep.name, StopRecord(
+                    at=at, grace_s=teardown.grace_s, duration_s=teardown.duration_s,
+                    exited_in_grace=teardown.exited_in_grace, killed=teardown.pids_killed,
+                    survivors=teardown.survivors))
+                killed = f", {len(teardown.pids_killed)} process(es) killed" if teardown.pids_killed else ""
+                self.run.progress(f"{self.dep.name}: server stopped in {teardown.duration_s:.1f}s "
+                                  f"(grace {teardown.grace_s:.0f}s{killed})")
             self.handle = None
 
 

@@ -162,3 +162,28 @@ def test_small_dataset_warns_about_reuse(tmp_path):
                                                    (0, [2], [0])])
 def test_point_offsets(base, numbers, expected):
     assert point_offsets(base, numbers) == expected
+
+
+def test_a_server_pinning_host_memory_gets_a_longer_stop_and_vllm_waits_for_its_workers(tmp_path):
+    """The blog arms pin 512 GiB per node: their stop waits 15 s + 0.5 s per GiB after SIGTERM, and vLLM's
+    own worker shutdown wait is set to finish inside it; a CPU server keeps the 15 s and vLLM's default."""
+    from harness.servers.preflight import stop_grace_for
+    from harness.servers.vllm_command import WORKER_SHUTDOWN_ENV
+
+    plan = make_plan(load_sweep(ROOT / "sweeps" / "tp8.yaml"))
+    for dep in plan.deployments:
+        assert dep.pinned is not None and dep.pinned.per_node_gib == 512
+        assert dep.stop_grace_s == stop_grace_for(512) == 271
+        assert dep.command.env[WORKER_SHUTDOWN_ENV] == "261"
+    cpu = make_plan(load_sweep(ROOT / "sweeps" / "cpu-vllm.yaml"))
+    assert all(d.stop_grace_s == 15 and WORKER_SHUTDOWN_ENV not in d.command.env for d in cpu.deployments)
+    # a profile may set its own
+    launch = tmp_path / "slow.yaml"
+    launch.write_text(f"extends: {ROOT}/launch/tiny-cpu.yaml\nstop_grace_s: 90\n")
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text((ROOT / "sweeps" / "cpu-vllm.yaml").read_text().replace("../datasets/", f"{ROOT}/datasets/")
+                     .replace("../launch/", f"{ROOT}/launch/"))
+    sweep.write_text(sweep.read_text().replace(f"{ROOT}/launch/tiny-cpu.yaml", str(launch), 1))
+    custom = make_plan(load_sweep(sweep))
+    assert custom.deployments[0].stop_grace_s == 90
+    assert custom.deployments[0].command.env[WORKER_SHUTDOWN_ENV] == "80"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -318,3 +319,16 @@ def test_a_server_runs_at_normal_priority_whatever_its_starter_runs_at():
         assert (raised.stdout.strip(), raised.stderr) == ("0", "")
     else:  # raising priority needs CAP_SYS_NICE: the program still runs, and says what it kept
         assert raised.stdout.strip() == "15" and "cannot set niceness 0 (kept 15)" in raised.stderr
+
+
+def test_a_server_slower_to_exit_than_the_old_15_s_is_given_its_grace_not_killed(tmp_path):
+    """A server that takes 20 s after SIGTERM (as one unpinning its host pools would) with a 30 s grace is
+    waited for: nothing is signalled beyond it and nothing is killed; the stop says how long it took."""
+    spec = dataclasses.replace(fake_spec(tmp_path, "--exit-delay-s", "20"), stop_grace_s=30)
+    with LocalLauncher() as launcher:
+        handle = launcher.start(spec)
+        pid = handle.pid
+        teardown = handle.stop()  # no grace given: the spec's
+    assert teardown.grace_s == 30 and teardown.exited_in_grace and teardown.pids_killed == []
+    assert 19 <= teardown.duration_s < 30 and not running(pid)
+    assert "fake server: released, exiting" in (tmp_path / "server.log").read_text()

@@ -196,6 +196,9 @@ class LaunchProfile(StrictModel):
     reserve_gpus: int | None = Field(default=None, ge=0, description="GPUs the launcher reserves for the "
                                      "server; default: gpus_per_server for vllm, 0 for the simulated engine")
     gpu: str | None = Field(default=None, description="GPU model the profile is sized for, e.g. H200")
+    stop_grace_s: float | None = Field(default=None, gt=0, description="how long a stop waits for the server "
+                                       "to exit after SIGTERM before signalling the rest; default: 15 s plus "
+                                       "0.5 s per GiB of host memory the server pins")
     host_ram_gib: float | None = Field(default=None, gt=0)
     serve: ServeArgs
     kv: KVSettings = KVSettings()

@@ -42,6 +42,9 @@ def fill_placeholders(argv: list[str], *, host: str | None = None, port: int | N
     return out
 
 
+# What a server gets to stop when its profile pins no host memory (and a CPU or simulated server).
+DEFAULT_STOP_GRACE_S = 15.0
+
 @dataclass(frozen=True)
 class PreparedServer:
     """What preparing a node produced: the interpreter to start the server with, and its provenance."""
@@ -70,6 +73,9 @@ class ServerSpec:
     prepare: Callable[[], PreparedServer] | None = None
     # node id (LOCAL_NODE for the local launcher) -> where the weights fetch put the model on that node
     model_paths: dict[str, str] = field(default_factory=dict)
+    # how long a stop waits, after SIGTERM to the server, for its tree to exit before signalling the rest:
+    # long enough for the engine to unpin its host pools (harness/plan.py `stop_grace_for`)
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
 
     def resolved_pid_dir(self) -> Path:
         return (self.pid_dir or DEFAULT_PID_DIR).expanduser()
@@ -141,6 +147,9 @@ class Teardown:
     survivors: list[int] = field(default_factory=list)
     port_closed: bool = True
     shm_removed: list[str] = field(default_factory=list)
+    grace_s: float = 0.0  # how long the server was given after SIGTERM before the rest was signalled
+    duration_s: float = 0.0  # from the first SIGTERM to nothing left (or to giving up)
+    exited_in_grace: bool = True  # the whole tree exited within the grace, on the server's own SIGTERM
 
     @property
     def clean(self) -> bool:
@@ -219,9 +228,14 @@ class ServerHandle(ABC):
         sampler, self._gpu_sampler = getattr(self, "_gpu_sampler", None), None
         return sampler.stop() if sampler is not None else GpuTelemetry(reason="not sampled")
 
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S  # the spec's: what stop() waits when given no grace
+    last_teardown: Teardown | None = None
+
     @abstractmethod
-    def stop(self, grace_s: float = 15) -> None:
-        """TERM the whole tree, wait grace_s, KILL; raises ServerStopError if anything survives."""
+    def stop(self, grace_s: float | None = None) -> Teardown | None:
+        """TERM the server, wait its grace (the spec's unless given) for the tree to exit, then TERM and
+        KILL what is left; the teardown (None if nothing was running); raises ServerStopError if anything
+        survives."""
 
 
 class Launcher(ABC):
@@ -276,7 +290,7 @@ class Launcher(ABC):
         problems = []
         for handle in reversed(self.running()):
             try:
-                handle.stop(self.stop_grace_s)
+                handle.stop()
             except ServerStopError as exc:
                 problems.append(str(exc))
         if problems:

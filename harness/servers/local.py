@@ -12,6 +12,7 @@ from harness.servers.base import (
     ServerHandle,
     ServerSpec,
     ServerStopError,
+    Teardown,
 )
 from harness.servers.process import ServerProcess, http_healthy, pick_free_port
 from harness.servers.reaper import reap_stale_servers, start_tracked
@@ -31,6 +32,7 @@ class LocalServerHandle(ServerHandle):
                                                         os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.api_key = server.spec.api_key
         self.pidfile = str(server.pidfile) if server.pidfile else None
+        self.stop_grace_s = server.spec.stop_grace_s
 
     def healthy(self, timeout_s: float = 5) -> bool:
         return self.alive() and http_healthy(self.base_url, timeout_s, self.api_key)
@@ -38,13 +40,15 @@ class LocalServerHandle(ServerHandle):
     def alive(self) -> bool:
         return self._server.alive()
 
-    def stop(self, grace_s: float = 15) -> None:
+    def stop(self, grace_s: float | None = None) -> Teardown:
         teardown = self._server.stop(grace_s)
+        self.last_teardown = teardown
         if self._on_stopped is not None:
             self._on_stopped(self)
         if not teardown.clean:
             raise ServerStopError(f"server {self.name!r} (pid {self.pid}, port {self.port}): "
                                   f"{teardown.problem()}")
+        return teardown
 
 
 class LocalLauncher(Launcher):
@@ -71,7 +75,7 @@ class LocalLauncher(Launcher):
             server.wait_ready()
         except BaseException:
             # early exit, timeout, or Ctrl-C while waiting: nothing of this server may survive
-            server.stop(self.stop_grace_s)
+            server.stop()
             self._forget(handle)
             raise
         return handle

@@ -6,7 +6,7 @@ waits out its whole ready timeout. Both are known before anything starts.
 
 HiSparse's own refusals (pipeline or decode context parallel > 1, cudagraph_mode FULL, a pool too
 small for one request, a pinned pool above 95% of RAM) come from vLLM only after it has loaded the
-weights, about 700 GiB for GLM-5.3: `hisparse_refusals` says them from the profile alone, so the plan
+weights, about 700 GiB for GLM-5.3: `hisparse_start_refusals` says them from the profile alone, so the plan
 refuses such a profile and the sweep never starts it. The pinned memory is counted per node for the
 executor vLLM will really use (docs/facts.md §2): one HiSparse pool per DP replica, shared by its TP
 ranks, under the default multiprocessing executor on one node; one per TP rank under Ray or across
@@ -82,6 +82,20 @@ def executor_of(profile: LaunchProfile) -> tuple[str, int]:
     return (backend or "mp"), max(1, nodes)
 
 
+# A stop's grace: the base a server gets, and what each pinned GiB adds. Unpinning is not measured yet on a
+# GPU node (vLLM logs "HiSparse: unpinned X GiB of host pool in Y s" at teardown: the first GPU run should
+# read it); a process killed mid-unpin has outlived a scheduler's kill wait (prime-rl #2949), so the guess
+# leans long: 512 GiB pinned waits up to 271 s.
+STOP_GRACE_BASE_S = 15.0
+STOP_GRACE_PER_PINNED_GIB_S = 0.5
+
+
+def stop_grace_for(pinned_gib: float) -> float:
+    """How long a server that pins `pinned_gib` per node gets to exit after SIGTERM before anything else is
+    signalled (a profile's `stop_grace_s` overrides it)."""
+    return STOP_GRACE_BASE_S + STOP_GRACE_PER_PINNED_GIB_S * max(0.0, pinned_gib)
+
+
 def pinned_memory(profile: LaunchProfile) -> PinnedMemory:
     """Pinned host memory per node: the HiSparse pools (per DP replica or per TP rank) plus the
     offload pool (cpu_bytes, counted once per node)."""
@@ -124,7 +138,7 @@ def _host_block_bytes(profile: LaunchProfile) -> int | None:
     return BLOCK_BYTES[("vllm", "bf16" if dtype in _BF16_DTYPES else "fp8")].host
 
 
-def hisparse_refusals(profile: LaunchProfile, ram_gib: float | None) -> list[str]:
+def hisparse_start_refusals(profile: LaunchProfile, ram_gib: float | None) -> list[str]:
     """What vLLM would refuse at start, one line each, said from the profile (and this node's RAM)."""
     problems: list[str] = []
     hisparse = profile.kv.hisparse
@@ -214,7 +228,7 @@ def run_preflight(deployment: str, profile: LaunchProfile, gpus_needed: int, res
         pinned = pinned_memory(profile)
         report.pinned_pools_gib = pinned.per_node_gib
         report.executor = pinned.executor
-        report.problems += hisparse_refusals(profile, report.host_ram_gib)
+        report.problems += hisparse_start_refusals(profile, report.host_ram_gib)
         gpus = gpu_info()
         report.gpu_model = gpus.model
         report.gpus_visible = gpus.count if gpus.model else None

@@ -153,34 +153,37 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+# After the server's own grace: how long the processes it left get after their own SIGTERM, before SIGKILL.
+_LEFTOVER_GRACE_S = 5.0
+
+
 def terminate_tree(root_pid: int, *, session_id: int | None = None, not_before_ticks: int = 0,
                    grace_s: float = 15, host: str | None = None, port: int | None = None,
                    reap: subprocess.Popen | None = None) -> Teardown:
-    """SIGTERM the tree, wait up to grace_s, SIGKILL what is left, confirm nothing survives.
+    """SIGTERM the server, give its tree grace_s to exit, then SIGTERM what is left, then SIGKILL; confirm
+    nothing survives.
 
-    The tree is re-read while waiting, so processes spawned during shutdown are caught too.
-    `reap` is our own Popen of root_pid: polling it keeps the root from lingering as a zombie.
+    Only the server (the root) gets the first SIGTERM: vLLM's API server then shuts its engine and workers
+    down in order, and a worker that is unpinning hundreds of GiB of host memory must not be signalled or
+    killed mid-way (a process killed while unpinning has outlived a scheduler's kill wait and drained the
+    node). The tree is re-read while waiting, so processes spawned during shutdown are caught too. `reap`
+    is our own Popen of root_pid: polling it keeps the root from lingering as a zombie.
     """
+    started = time.monotonic()
     tree = process_tree(root_pid, session_id, not_before_ticks)
     shm = shm_files_of(list(tree))
-    if session_id is not None and is_running(session_id, not_before_ticks or None):
-        try:  # the leader is ours, so is its group: catches members forked since the snapshot
-            os.killpg(session_id, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
-    signalled = _signal_tree(tree, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while True:
-        if reap is not None:
-            reap.poll()
-        for pid, ticks in process_tree(root_pid, session_id, not_before_ticks).items():
-            if pid not in tree:
-                tree[pid] = ticks
-                _signal_tree({pid: ticks}, signal.SIGTERM)
-        left = {pid: t for pid, t in tree.items() if is_running(pid, t)}
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
+    signalled = _signal_tree({root_pid: tree[root_pid]} if root_pid in tree else {}, signal.SIGTERM)
+    left = _wait_tree(tree, root_pid, session_id, not_before_ticks, reap, time.monotonic() + grace_s)
+    exited_in_grace = not left
+    if left:  # the server did not take its tree down in time: every process left gets its own SIGTERM
+        if session_id is not None and is_running(session_id, not_before_ticks or None):
+            try:  # the leader is ours, so is its group: catches members forked since the snapshot
+                os.killpg(session_id, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+        signalled += _signal_tree(left, signal.SIGTERM)
+        left = _wait_tree(tree, root_pid, session_id, not_before_ticks, reap,
+                          time.monotonic() + _LEFTOVER_GRACE_S, signal_new=True)
     killed = _signal_tree(left, signal.SIGKILL) if left else []
     kill_deadline = time.monotonic() + 5
     while True:
@@ -208,7 +211,25 @@ def terminate_tree(root_pid: int, *, session_id: int | None = None, not_before_t
             time.sleep(0.1)
             closed = not port_open(host, port)
     return Teardown(pids_signalled=sorted(set(signalled)), pids_killed=sorted(killed),
-                    survivors=sorted(survivors), port_closed=closed, shm_removed=removed)
+                    survivors=sorted(survivors), port_closed=closed, shm_removed=removed, grace_s=grace_s,
+                    duration_s=round(time.monotonic() - started, 3), exited_in_grace=exited_in_grace)
+
+
+def _wait_tree(tree: dict[int, int], root_pid: int, session_id: int | None, not_before_ticks: int,
+               reap: subprocess.Popen | None, deadline: float, *, signal_new: bool = False) -> dict[int, int]:
+    """Wait until every process of the tree (re-read as it goes) exits or the deadline passes; what is left."""
+    while True:
+        if reap is not None:
+            reap.poll()
+        for pid, ticks in process_tree(root_pid, session_id, not_before_ticks).items():
+            if pid not in tree:
+                tree[pid] = ticks
+                if signal_new:
+                    _signal_tree({pid: ticks}, signal.SIGTERM)
+        left = {pid: t for pid, t in tree.items() if is_running(pid, t)}
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)
 
 
 # ---- readiness ---------------------------------------------------------------------------------
@@ -380,12 +401,14 @@ class ServerProcess:
         self._drain_log()
         return ServerStartError(self.spec.name, reason, self.spec.log_path, read_log_tail(self.spec.log_path))
 
-    def stop(self, grace_s: float = 15) -> Teardown:
-        """Stop the whole tree (idempotent); the pidfile goes only when nothing survived."""
+    def stop(self, grace_s: float | None = None) -> Teardown:
+        """Stop the whole tree (idempotent), giving the server its spec's grace unless told otherwise; the
+        pidfile goes only when nothing survived."""
         if self.teardown is not None and self.teardown.clean:
             return self.teardown
+        grace = self.spec.stop_grace_s if grace_s is None else grace_s
         self.teardown = terminate_tree(self.pid, session_id=self.pid, not_before_ticks=self.start_ticks,
-                                       grace_s=grace_s, host=self.host, port=self.port, reap=self.popen)
+                                       grace_s=grace, host=self.host, port=self.port, reap=self.popen)
         try:
             self.popen.wait(timeout=1)
         except subprocess.TimeoutExpired:

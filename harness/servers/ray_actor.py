@@ -135,7 +135,7 @@ class ServerActor:
         except FileNotFoundError:
             return b""
 
-    def stop(self, grace_s: float) -> Teardown:
+    def stop(self, grace_s: float | None = None) -> Teardown:
         return self._server.stop(grace_s) if self._server is not None else Teardown()
 
 

@@ -76,6 +76,7 @@ class RayServerHandle(ServerHandle):
         self.model_path = info.model_path
         self.pidfile = info.pidfile
         self.api_key = spec.api_key
+        self.stop_grace_s = spec.stop_grace_s
         self._shipper: LogShipper | None = None
         if info.node_log_path is not None:
             self._shipper = LogShipper(actor, self.log_path)
@@ -113,9 +114,10 @@ class RayServerHandle(ServerHandle):
         except RayError as exc:
             return GpuTelemetry(reason=f"the server's Ray actor did not answer ({type(exc).__name__})")
 
-    def stop(self, grace_s: float = 15) -> None:
+    def stop(self, grace_s: float | None = None) -> Teardown | None:
         if self._stopped:
-            return
+            return self.last_teardown
+        grace_s = self.stop_grace_s if grace_s is None else grace_s
         where = f"server {self.name!r} (pid {self.pid} on node {self.node_id}, port {self.port})"
         try:
             teardown = ray.get(self._actor.stop.remote(grace_s), timeout=grace_s + _CONTROL_TIMEOUT_S)
@@ -132,8 +134,10 @@ class RayServerHandle(ServerHandle):
         if teardown is None:
             raise ServerStopError(f"{where}: its Ray actor is unreachable and the server runs on another "
                                   f"node; its pidfile there lets the next harness start stop it")
+        self.last_teardown = teardown
         if not teardown.clean or not _wait_port_closed(self.host, self.port):
             raise ServerStopError(f"{where}: {teardown.problem() or 'port still accepts connections'}")
+        return teardown
 
     def _stop_without_actor(self, grace_s: float, exc: Exception) -> Teardown | None:
         # The actor is gone but its server (own session) may not be: stop it from here when it
@@ -314,7 +318,7 @@ class RayLauncher(Launcher):
 
     def _stop_after_failed_start(self, handle: RayServerHandle) -> None:
         try:
-            handle.stop(self.stop_grace_s)
+            handle.stop()
         except ServerStopError:
             pass  # the start error is the one to report; the pidfile stays for the next reap
 

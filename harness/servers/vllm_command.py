@@ -99,8 +99,18 @@ def _kv_flags(profile: LaunchProfile, dialect: ResolvedDialect) -> list[str]:
 SERVER_KEEP_ALIVE_ENV = {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "75"}
 
 
-def _vllm_env(profile: LaunchProfile) -> dict[str, str]:
-    return {**SERVER_KEEP_ALIVE_ENV, **profile.env}  # the profile's own value wins
+# vLLM's own wait for its workers at shutdown (default 5 s): set from the stop's grace when that is longer,
+# so vLLM lets a worker finish unpinning its host pool before it kills it, and still finishes before the
+# harness's grace runs out.
+WORKER_SHUTDOWN_ENV = "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
+_DEFAULT_GRACE_S = 15.0
+
+
+def _vllm_env(profile: LaunchProfile, stop_grace_s: float) -> dict[str, str]:
+    env = dict(SERVER_KEEP_ALIVE_ENV)
+    if stop_grace_s > _DEFAULT_GRACE_S:
+        env[WORKER_SHUTDOWN_ENV] = str(int(stop_grace_s - 10))
+    return {**env, **profile.env}  # the profile's own value wins
 
 
 def _vllm_program(profile: LaunchProfile, python: str | None) -> list[str]:
@@ -113,7 +123,7 @@ def _vllm_program(profile: LaunchProfile, python: str | None) -> list[str]:
 
 
 def server_command(profile: LaunchProfile, launch_path: Path, *, dialect: ResolvedDialect | None,
-                   python: str | None) -> ServerCommand:
+                   python: str | None, stop_grace_s: float = _DEFAULT_GRACE_S) -> ServerCommand:
     """The argv that starts this profile's server, for a dialect the plan already resolved.
 
     `python` is the interpreter of the build's environment (None: the `vllm` on PATH). The port is
@@ -132,4 +142,4 @@ def server_command(profile: LaunchProfile, launch_path: Path, *, dialect: Resolv
     if profile.speculative is not None:
         argv += ["--speculative-config", compact_json(profile.speculative.model_dump())]
     argv += list(profile.extra_args)
-    return ServerCommand(argv=argv, env=_vllm_env(profile), dialect=dialect if uses_hisparse else None)
+    return ServerCommand(argv=argv, env=_vllm_env(profile, stop_grace_s), dialect=dialect if uses_hisparse else None)
