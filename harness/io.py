@@ -1,5 +1,6 @@
-"""Small generic helpers every layer may use: atomic writes, hashing, paths for people, time stamps,
-compact JSON, and the data files shipped inside the package. Nothing here knows a harness type."""
+"""Small generic helpers every layer may use: atomic writes, hashing and JSON digests, paths for people,
+time stamps, compact JSON, the data files shipped inside the package, installed package versions, and the
+wrapper that makes a child process die with its parent. Nothing here knows a harness type."""
 
 from __future__ import annotations
 

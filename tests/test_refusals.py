@@ -13,7 +13,7 @@ import yaml
 
 from harness.config import ConfigError, LaunchProfile, load_sweep
 from harness.plan import make_plan
-from harness.servers.preflight import hisparse_refusals, pinned_memory, run_preflight
+from harness.servers.preflight import hisparse_start_refusals, pinned_memory, run_preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOG_ARM = yaml.safe_load((ROOT / "launch/glm53-hisparse.yaml").read_text())
@@ -27,7 +27,7 @@ def arm(serve: dict | None = None, **top) -> LaunchProfile:
 def test_the_blog_arm_passes_and_pins_512_gib_on_its_node():
     pinned = pinned_memory(arm())
     assert (pinned.executor, pinned.hisparse_pools, pinned.per_node_gib) == ("mp", 1, 512.0)
-    assert hisparse_refusals(arm(), 2048) == []
+    assert hisparse_start_refusals(arm(), 2048) == []
 
 
 @pytest.mark.parametrize("profile,expected", [
@@ -42,14 +42,14 @@ def test_the_blog_arm_passes_and_pins_512_gib_on_its_node():
      "16000 GiB pinned per node (executor ray: one HiSparse pool per TP rank, 8 on a node)"),
 ])
 def test_each_refusal_is_one_line(profile, expected):
-    problems = hisparse_refusals(profile, 2048)
+    problems = hisparse_start_refusals(profile, 2048)
     assert len(problems) == 1 and expected in problems[0] and "\n" not in problems[0]
 
 
 def test_full_and_piecewise_graphs_and_a_plain_arm_are_not_refused():
-    assert hisparse_refusals(arm({"compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}), 2048) == []
+    assert hisparse_start_refusals(arm({"compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE"}}), 2048) == []
     plain = arm({"pipeline_parallel_size": 2}, kv={"offload": {"cpu_bytes": "512GiB"}})
-    assert hisparse_refusals(plain, 2048) == []  # no HiSparse: pipeline parallel is vLLM's business
+    assert hisparse_start_refusals(plain, 2048) == []  # no HiSparse: pipeline parallel is vLLM's business
 
 
 def test_ray_multiplies_the_pool_by_the_tp_ranks_that_share_a_node():
@@ -57,7 +57,7 @@ def test_ray_multiplies_the_pool_by_the_tp_ranks_that_share_a_node():
     assert pinned_memory(ray).per_node_gib == 8 * 384 + 128
     two_nodes = arm(extra_args=["--nnodes", "2"])
     assert pinned_memory(two_nodes).hisparse_pools == 4 and pinned_memory(two_nodes).per_node_gib == 4 * 384 + 128
-    assert "exceed 95%" in hisparse_refusals(ray, 2048)[0]
+    assert "exceed 95%" in hisparse_start_refusals(ray, 2048)[0]
 
 
 def _sweep_with(tmp_path: Path, **profile_changes) -> Path:

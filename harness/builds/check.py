@@ -14,7 +14,7 @@ from harness.builds.kernel_proofs import DispatchProof, probe_dispatch
 from harness.builds.kernels import KernelOverlay
 from harness.builds.probe import BuildError, BuildProbe, probe_build
 from harness.config import LaunchProfile
-from harness.support import ResolvedDialect, hisparse_refusal
+from harness.support import ResolvedDialect, build_hisparse_refusal
 
 
 def check_build(profile: LaunchProfile, env: BuildEnv, dialect: ResolvedDialect | None) -> BuildProbe:
@@ -31,7 +31,7 @@ def check_build(profile: LaunchProfile, env: BuildEnv, dialect: ResolvedDialect 
     if probe.vllm_version is None:
         raise BuildError(f"build {env.spec} ({env.python}): vllm does not import: {probe.error}")
     if profile.kv.hisparse is not None and profile.engine == "vllm":
-        reason = hisparse_refusal(probe.installed(profile.build.blog_branch), dialect or "release",
+        reason = build_hisparse_refusal(probe.installed(profile.build.blog_branch), dialect or "release",
                                   bundled_kernels=profile.build.kernels == "bundled")
         if reason is not None:
             raise BuildError(reason)

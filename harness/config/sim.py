@@ -32,14 +32,14 @@ class FaultSettings(StrictModel):
 
 
 class SimSettings(StrictModel):
-    model_profile: str = Field(default="glm53", description="a profile name under harness/sim/profiles/")
+    model_profile: str = Field(default="glm53", description="a model profile name under harness/data/sim/")
     hardware_profile: Annotated[str, BeforeValidator(_profile_ref)] = Field(
         default="h200", description="a profile name under harness/data/sim/, or a .yaml file (a calibrated "
         "profile from `harness calibrate`), relative to the launch file")
     time_scale: float = Field(default=1.0, gt=0,
                               description="simulated seconds per wall second; >1 runs faster than the GPU")
     tokenizer: RelPath | None = Field(default=None, description="tokenizer folder or tokenizer.json; "
-                                      "default: the shipped datasets/tokenizers one")
+                                      "default: the shipped harness/data/tokenizers/harness-bpe")
     seed: int = 0
     mtp_acceptance_mean: float | None = Field(default=None, ge=1,
                                               description="mean accepted length per step with MTP")
