@@ -65,6 +65,9 @@ CATALOGUE: tuple[Metric, ...] = (
     _m("max_running", "requests", "largest vllm:num_requests_running sample", "scrapes"),
     _m("decode_batch_mean", "requests",
        "d(vllm:generation_tokens_total) / d(engine steps) / MTP acceptance length: requests per step", "scrapes"),
+    _m("occupancy_disagrees", "", "abs(occupancy_mean_running - decode_batch_mean) > 0.3 requests: the sampled "
+       "gauge and the engine's counters tell another occupancy; the report and figure show both", "derived",
+       kind="bool"),
     _m("mtp_acceptance_length", "tokens/step", "1 + d(accepted tokens) / d(drafts); empty without MTP", "scrapes",
        better="higher", rule=("min_ratio", 0.95), label="accept len", digits=2),
     _m("preemptions", "count", "d(vllm:num_preemptions_total) over the point", "scrapes", better="lower"),

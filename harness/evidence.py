@@ -26,15 +26,16 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
+from harness import vllm_names as names
 from harness.calc import CalcError, CalcInputs, calculate, sizing_for_launch
 from harness.config import LaunchProfile
 from harness.errors import HarnessError
-from harness.metrics.prom import PromParseError, Sample, parse_exposition
+from harness.metrics.prom import Sample
 from harness.metrics.scrape import scrape_once
 from harness.records import HiSparseEvidence
 from harness.sim.engine_config import engine_config
 
-HISPARSE_PREFIX = "vllm:hisparse_"
+HISPARSE_PREFIX = names.HISPARSE_PREFIX
 INACTIVE = "HiSparse requested but not active"
 # The counters are filled from the resolver's stats only every 2,000 worker steps (docs/facts.md §2).
 SAMPLING_NOTE = "HiSparse counters are sampled every 2,000 worker steps: a short point may show none"
@@ -58,16 +59,16 @@ START_MARKER = "===== harness: start "  # the line a launcher writes before ever
 
 # canonical name (vLLM 0.33.0's, as exposed) <- the names other commits use, after the prefix
 HISPARSE_ALIASES: dict[str, tuple[str, ...]] = {
-    "vllm:hisparse_cache_hits_total": ("cache_hits_total", "cache_hits"),
-    "vllm:hisparse_cache_misses_total": ("cache_misses_total", "cache_misses"),
-    "vllm:hisparse_host_to_device_bytes_total": ("host_to_device_bytes_total", "host_to_device_bytes"),
-    "vllm:hisparse_host_cache_usage_perc": ("host_cache_usage_perc", "host_blocks_usage"),
-    "vllm:hisparse_host_blocks_used": ("host_blocks_used",),
-    "vllm:hisparse_host_blocks_total": ("host_blocks_total",),
-    "vllm:hisparse_pending_transfers": ("pending_page_transfers", "pending_spills"),
+    names.HISPARSE_HITS: ("cache_hits_total", "cache_hits"),
+    names.HISPARSE_MISSES: ("cache_misses_total", "cache_misses"),
+    names.HISPARSE_H2D_BYTES: ("host_to_device_bytes_total", "host_to_device_bytes"),
+    names.HISPARSE_HOST_USAGE: ("host_cache_usage_perc", "host_blocks_usage"),
+    names.HISPARSE_HOST_BLOCKS_USED: ("host_blocks_used",),
+    names.HISPARSE_HOST_BLOCKS_TOTAL: ("host_blocks_total",),
+    names.HISPARSE_PENDING: ("pending_page_transfers", "pending_spills"),
 }
 HISPARSE_HITS, HISPARSE_MISSES, HISPARSE_H2D_BYTES, HISPARSE_HOST_USAGE = list(HISPARSE_ALIASES)[:4]
-_USED, _TOTAL = "vllm:hisparse_host_blocks_used", "vllm:hisparse_host_blocks_total"
+_USED, _TOTAL = names.HISPARSE_HOST_BLOCKS_USED, names.HISPARSE_HOST_BLOCKS_TOTAL
 
 V = TypeVar("V")
 
@@ -103,15 +104,6 @@ def normalise_hisparse(series: Mapping[str, V]) -> dict[str, V]:
             out[HISPARSE_HOST_USAGE] = {k: used[k] / total[k] for k in used  # type: ignore[assignment]
                                         if k in total and total[k] > 0}
     return out
-
-
-def hisparse_families(metrics_text: str) -> list[str]:
-    """The `vllm:hisparse_` families one /metrics answer exposes (sorted); [] for unreadable text."""
-    try:
-        samples = parse_exposition(metrics_text, keep_prefixes=[HISPARSE_PREFIX])
-    except PromParseError:
-        return []
-    return families_of(samples)
 
 
 def families_of(samples: Iterable[Sample]) -> list[str]:

@@ -155,7 +155,3 @@ def iter_dataset_rows(resolved: ResolvedRef, split: str, config: str | None = No
         else:
             yield from _text_rows(path, resolved.ref.label)
 
-
-def read_dataset_rows(resolved: ResolvedRef, split: str, config: str | None = None) -> list[dict[str, Any]]:
-    """Every row of one split as a list (small data sets; SplitRows for large ones)."""
-    return list(iter_dataset_rows(resolved, split, config))

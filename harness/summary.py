@@ -240,13 +240,14 @@ def _number(value: object, digits: int) -> str:
 def summary_table(run_dir: Path, frame: pd.DataFrame | None = None) -> str:
     """A compact fixed-width table of a run's points (or of `frame`), for the end of a sweep."""
     df = summary_frame(run_dir) if frame is None else frame
-    headers = ("deployment", "c", "status", "tok/s/user", "tok/s/GPU", "occupancy", "accept", "preempt")
+    headers = ("deployment", "c", "status", "tok/s/user", "tok/s/GPU", "occupancy", "batch", "accept", "preempt")
     several = df["run_id"].nunique() > 1
     rows: list[Sequence[str]] = []
     for r in df.sort_values(["run_id", "deployment", "parallel"]).itertuples(index=False):
         rows.append((f"{r.run_id}/{r.deployment}" if several else str(r.deployment), str(r.parallel),
                      str(r.status), _number(r.interactivity_tok_s_user, 1), _number(r.total_tok_s_per_gpu, 0),
-                     _number(r.occupancy_mean_running, 1), _number(r.mtp_acceptance_length, 2),
+                     _number(r.occupancy_mean_running, 1), _number(r.decode_batch_mean, 1),
+                     _number(r.mtp_acceptance_length, 2),
                      _number(r.preemptions, 0)))
     widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
 

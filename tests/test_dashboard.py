@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from synthetic_nights import HISPARSE, OFFLOAD, Change, synthetic_history
 
 from harness.nightly.dashboard import build_dashboard
 from harness.nightly.store import NightStore
-from harness.nightly.synthetic import HISPARSE, OFFLOAD, Change, synthetic_history
 from harness.nightly.thresholds import METRIC_BETTER
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_dataset_units import naive_slice
 
 from harness.cli import main as cli_main
 from harness.config import load_recipe
 from harness.dataset.cache import ensure_built, read_metadata
-from harness.dataset.fit import naive_slice
 from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
 from harness.dataset.verify import verify_dataset
 from harness.errors import HarnessError
@@ -196,7 +196,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path, monkeypatch):
 
 def test_cli_build_and_verify(tmp_path, capsys):
     recipe = write_recipe(tmp_path, conversations=5, num_turns=3)
-    assert cli_main(["dataset", "build", str(recipe), "--number", "3", "--no-progress"]) == 0
+    assert cli_main(["dataset", "build", str(recipe), "--conversations", "3", "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "conversations: 3" in out and "total tokens: 4,320" in out and "built" in out
     path = Path(out.split("path: ", 1)[1].splitlines()[0])

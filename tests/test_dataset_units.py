@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.dataset.fit import cut_at_most, encode_with_boundaries, is_safe_boundary, naive_slice
+from harness.dataset.fit import cut_at_most, encode_with_boundaries, is_safe_boundary
 from harness.dataset.pads import PadSupply, SyntheticPad, TextPool, clean_pad_text, special_token_strings
 from harness.dataset.sources import SourceRows, normalise_messages, select_trajectories, trajectory_from_row
 from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer
@@ -24,6 +24,11 @@ SAMPLE = REPO / "harness" / "data" / "samples" / "openhands-sample.jsonl"
 def tok():
     return load_tokenizer(default_tokenizer_path())
 
+
+
+def naive_slice(tokenizer, text: str, n_tokens: int) -> str:
+    """What the blog's builder does: encode, keep the first n ids, decode. Kept to show why it fails."""
+    return tokenizer.decode(tokenizer.encode_bare(text)[:n_tokens])
 
 def rare_unicode_text(seed: int, chars: int = 200) -> str:
     """CJK and emoji the shipped tokenizer never saw: each character is several byte tokens."""

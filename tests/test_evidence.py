@@ -21,7 +21,6 @@ from harness.evidence import (
     START_POOLS,
     assess,
     concurrency_mismatch,
-    hisparse_families,
     lines_since_last_start,
     parse_start_lines,
     predicted_concurrency,
@@ -36,6 +35,17 @@ from harness.sim.server import hisparse_start_lines
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 REPO = Path(__file__).resolve().parents[1]
 
+
+
+def hisparse_families(metrics_text: str) -> list[str]:
+    """The `vllm:hisparse_` families one /metrics answer exposes (sorted); [] for unreadable text."""
+    from harness.evidence import HISPARSE_PREFIX, families_of
+    from harness.metrics.prom import PromParseError, parse_exposition
+    try:
+        samples = parse_exposition(metrics_text, keep_prefixes=[HISPARSE_PREFIX])
+    except PromParseError:
+        return []
+    return families_of(samples)
 
 def _scrapes(stem: str) -> list[ScrapeRecord]:
     records = []

@@ -31,13 +31,18 @@ from harness.hub import (
     repo_cache_folder,
     resolve,
 )
-from harness.hub_rows import read_dataset_rows
+from harness.hub_rows import iter_dataset_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 HUBS = ("huggingface", "modelscope")
 PREFIX = {"huggingface": "hf://", "modelscope": "ms://"}
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
+
+
+def read_dataset_rows(resolved, split: str, config: str | None = None) -> list:
+    """Every row of one split as a list (small test data sets)."""
+    return list(iter_dataset_rows(resolved, split, config))
 
 def repo_path(*candidates: str) -> Path:
     """A shipped file or folder (the repository's data folders have moved before)."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from synthetic_nights import HISPARSE, Change, synthetic_history
 
 from harness.nightly.changepoint import DetectorSettings, detect_changes, grouped, history_change_points
-from harness.nightly.synthetic import HISPARSE, Change, synthetic_history
 
 DRIFT = Change("interactivity_tok_s_user", 5, per_night=-0.02, deployment=HISPARSE, parallel=16)
 

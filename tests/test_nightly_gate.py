@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from pydantic import ValidationError
+from synthetic_nights import HISPARSE, OFFLOAD, Change, synthetic_history, synthetic_night
 
 from harness.nightly.gate import gate_history, gate_night
 from harness.nightly.markdown import regression_report, step_summary
-from harness.nightly.synthetic import HISPARSE, OFFLOAD, Change, synthetic_history, synthetic_night
 from harness.nightly.thresholds import GateThresholds, NightlySettings
 
 

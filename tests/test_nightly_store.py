@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from run_fixtures import HISPARSE, OFFLOAD, POINTS, make_run
+from synthetic_nights import synthetic_history
 
 from harness.errors import HarnessError
 from harness.nightly.night import night_from_run
 from harness.nightly.record import NightRecord
 from harness.nightly.store import NightStore
-from harness.nightly.synthetic import synthetic_history
 
 
 def test_add_then_load_returns_nights_oldest_first_whatever_the_order_added(tmp_path: Path) -> None:

@@ -97,8 +97,8 @@ def test_summary_table_is_compact_and_complete(tmp_path):
     run = make_run(tmp_path, failed_point=(OFFLOAD, 32))
     text = summary_table(run)
     lines = text.splitlines()
-    assert lines[0].split() == ["deployment", "c", "status", "tok/s/user", "tok/s/GPU", "occupancy", "accept",
-                                "preempt"]
+    assert lines[0].split() == ["deployment", "c", "status", "tok/s/user", "tok/s/GPU", "occupancy", "batch",
+                                "accept", "preempt"]
     assert len(lines) == 2 + 8
     assert len({len(line) for line in lines}) == 1  # fixed width
     failed = next(line for line in lines if line.startswith(OFFLOAD) and " 32 " in line)

@@ -62,7 +62,7 @@ BLOCK_BYTES: dict[tuple[Layout, KvDtype], BlockBytes] = {
 }
 LAYOUT_DESCRIPTIONS: dict[Layout, str] = {
     "blog": "blog: the calculator page's constants (576-byte fp8 latent rows)",
-    "vllm": "vllm: the rows vLLM stores (656-byte fp8_ds_mla latent rows)",
+    "vllm": "vLLM's own rows (656-byte fp8_ds_mla latent rows)",
 }
 
 

@@ -8,21 +8,21 @@ bursts, so EvalScope's TPOT is unreliable there while the server's histograms ar
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from harness import vllm_names as names
 from harness.config import LaunchProfile, LoadedLaunch, LoadedSweep, PointSpec, SweepFile, load_recipe
 from harness.errors import HarnessError
 from harness.metrics.derive import group_scrapes, histogram_mean
+from harness.metrics.evalscope_requests import read_request_rows
 from harness.metrics.scrape import read_scrapes
 from harness.records import PointRecord, RunManifest
 from harness.results import RunPaths, iter_points, read_manifest
 
-PREFILL_HISTOGRAM = "vllm:request_prefill_time_seconds"
-BURST_S = 0.005  # a reply whose whole decode arrived within 5 ms came in one burst (docs/tpot.md)
+PREFILL_HISTOGRAM = names.PREFILL_TIME
 
 
 @dataclass(frozen=True)
@@ -105,22 +105,16 @@ def _loaded_sweep(run_dir: Path, manifest: RunManifest) -> LoadedSweep:
 
 
 def read_client_records(db: Path) -> ClientRecords | None:
-    """Per-request tokens and timings from EvalScope's SQLite file; None when there is none."""
-    if not db.is_file():
-        return None
-    try:
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-            rows = conn.execute("SELECT latency, first_chunk_latency, prompt_tokens, completion_tokens "
-                                "FROM result WHERE success = 1").fetchall()
-    except sqlite3.Error as exc:
-        raise HarnessError(f"{db}: cannot read EvalScope's records: {exc}") from None
+    """Per-request tokens and timings of the requests that succeeded (metrics/evalscope_requests.py reads
+    the database); None when there is none."""
+    found = read_request_rows(db)
+    rows = [r for r in found[0] if r.ok] if found is not None else []
     if not rows:
         return None
-    decode = [(lat - first, out) for lat, first, _, out in rows if lat is not None and first is not None]
-    tpots = [1000.0 * span / (out - 1) for span, out in decode if out and out > 1]
+    tpots = [1000.0 * r.tpot_s for r in rows if r.tpot_s is not None]
     return ClientRecords(
-        requests=len(rows), mean_prompt_tokens=sum(r[2] or 0 for r in rows) / len(rows),
-        completion_tokens=tuple(int(r[3] or 0) for r in rows), bursts=sum(1 for span, _ in decode if span < BURST_S),
+        requests=len(rows), mean_prompt_tokens=sum(r.prompt_tokens or 0 for r in rows) / len(rows),
+        completion_tokens=tuple(int(r.completion_tokens or 0) for r in rows), bursts=sum(1 for r in rows if r.burst),
         mean_client_tpot_ms=sum(tpots) / len(tpots) if tpots else None)
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from harness import vllm_names as names
 from harness.config.nightly import NightlySettings
 from harness.schema import RelPath, Slug, StrictModel, must_exist
 
@@ -100,7 +101,7 @@ class ClientSettings(StrictModel):
 
 class ScrapeSettings(StrictModel):
     interval_s: float = Field(default=30.0, gt=0)
-    keep_prefixes: list[str] = Field(default_factory=lambda: ["vllm:"],
+    keep_prefixes: list[str] = Field(default_factory=lambda: [names.PREFIX],
                                      description="metric family prefixes kept; [] keeps all")
     timeout_s: float = Field(default=10.0, gt=0)
 

@@ -84,11 +84,6 @@ def cut_at_most(encoded: EncodedText, max_tokens: int) -> tuple[str, int] | None
     return encoded.text[:encoded.starts[j]], j
 
 
-def naive_slice(tokenizer: Tokenizer, text: str, n_tokens: int) -> str:
-    """What the blog's builder does: encode, keep the first n ids, decode. Kept to show why it fails."""
-    return tokenizer.decode(tokenizer.encode_bare(text)[:n_tokens])
-
-
 def refit(target: int, make: Callable[[int], str], count: Callable[[str], int], first_guess: int,
           what: str, attempts: int = 12) -> str:
     """Find k such that count(make(k)) == target, starting at first_guess, stepping by the miss."""

@@ -16,6 +16,7 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from harness import vllm_names as names
 from harness.evidence import (
     HISPARSE_H2D_BYTES,
     HISPARSE_HITS,
@@ -29,25 +30,15 @@ from harness.records import EvalScopeSummary, PointMetrics
 # Client and server TPOT share one formula, (last token - first token) / (tokens - 1) averaged over
 # requests, and differ only in where the two instants are taken (docs/tpot.md).
 TPOT_DISAGREEMENT = 0.10
+# How far the sampled running gauge and the engine's decode batch may differ before a point says so.
+OCCUPANCY_MARGIN_REQ = 0.3
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the second: older vLLM
-PREEMPTIONS = "vllm:num_preemptions_total"
-SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
-SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
-OFFLOAD_LOAD_BYTES = "vllm:kv_offload_load_bytes_total"
-OFFLOAD_STORE_BYTES = "vllm:kv_offload_store_bytes_total"
-# HiSparse series are read under the canonical names harness/evidence.py maps every build's names onto.
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-SERVER_TPOT = "vllm:request_time_per_output_token_seconds"
+# The series, by their names in harness/vllm_names.py; HiSparse series are read under the canonical names
+# harness/evidence.py maps every build's names onto.
+KV_USAGE = (names.KV_USAGE, names.KV_USAGE_OLD)
+SERVER_TPOT = names.TPOT
 # Counters every vLLM exposes: a restart shows in them even when no derived metric reads them.
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-RESET_WITNESSES = (PROMPT_TOKENS, GENERATION_TOKENS, "vllm:request_success_total")
-# a histogram of the tokens each engine step scheduled: its count is the number of steps
-ITERATION_TOKENS = "vllm:iteration_tokens_total"
+RESET_WITNESSES = (names.PROMPT_TOKENS, names.GENERATION_TOKENS, names.REQUEST_SUCCESS)
 
 LabelKey = tuple[tuple[str, str], ...]
 
@@ -161,8 +152,8 @@ def _client_metrics(summary: EvalScopeSummary | None, gpus_per_server: int) -> d
 
 
 def _gauge_metrics(snapshots: list[Snapshot]) -> dict[str, float | None]:
-    running = gauge_series(snapshots, RUNNING)
-    waiting = gauge_series(snapshots, WAITING)
+    running = gauge_series(snapshots, names.RUNNING)
+    waiting = gauge_series(snapshots, names.WAITING)
     kv_name = next((n for n in KV_USAGE if gauge_series(snapshots, n)), None)
     kv_mean = gauge_series(snapshots, kv_name, statistics.fmean) if kv_name else []
     kv_max = gauge_series(snapshots, kv_name, max) if kv_name else []
@@ -181,29 +172,29 @@ def _gauge_metrics(snapshots: list[Snapshot]) -> dict[str, float | None]:
 
 def _counter_metrics(snapshots: list[Snapshot], window_s: float | None) -> tuple[dict, frozenset[int]]:
     d = {name: counter_delta(snapshots, name) for name in (
-        PREEMPTIONS, SPEC_ACCEPTED, SPEC_DRAFTS, OFFLOAD_LOAD_BYTES, OFFLOAD_STORE_BYTES, HISPARSE_HITS,
-        HISPARSE_MISSES, HISPARSE_H2D_BYTES, PREFIX_QUERIES, PREFIX_HITS, *RESET_WITNESSES,
-        f"{ITERATION_TOKENS}_count")}
+        names.PREEMPTIONS, names.SPEC_ACCEPTED, names.SPEC_DRAFTS, names.OFFLOAD_LOAD_BYTES, names.OFFLOAD_STORE_BYTES, HISPARSE_HITS,
+        HISPARSE_MISSES, HISPARSE_H2D_BYTES, names.PREFIX_QUERIES, names.PREFIX_HITS, *RESET_WITNESSES,
+        f"{names.ITERATION_TOKENS}_count")}
     seconds = window_s if window_s is not None and window_s > 0 else None
     hits, misses = _value(d[HISPARSE_HITS]), _value(d[HISPARSE_MISSES])
-    accepted_per_draft = _ratio(_value(d[SPEC_ACCEPTED]), _value(d[SPEC_DRAFTS]))
+    accepted_per_draft = _ratio(_value(d[names.SPEC_ACCEPTED]), _value(d[names.SPEC_DRAFTS]))
     server_tpot_s, tpot_resets = histogram_mean(snapshots, SERVER_TPOT)
     acceptance = None if accepted_per_draft is None else 1.0 + accepted_per_draft
     metrics = {
         "mtp_acceptance_length": acceptance,
-        "decode_batch_mean": _decode_batch(_value(d[GENERATION_TOKENS]), _value(d[f"{ITERATION_TOKENS}_count"]),
-                                           acceptance, speculating=d[SPEC_DRAFTS] is not None),
-        "preemptions": _value(d[PREEMPTIONS]),
-        "offload_load_bytes": _value(d[OFFLOAD_LOAD_BYTES]),
-        "offload_store_bytes": _value(d[OFFLOAD_STORE_BYTES]),
-        "offload_load_bytes_per_s": _ratio(_value(d[OFFLOAD_LOAD_BYTES]), seconds),
-        "offload_store_bytes_per_s": _ratio(_value(d[OFFLOAD_STORE_BYTES]), seconds),
+        "decode_batch_mean": _decode_batch(_value(d[names.GENERATION_TOKENS]), _value(d[f"{names.ITERATION_TOKENS}_count"]),
+                                           acceptance, speculating=d[names.SPEC_DRAFTS] is not None),
+        "preemptions": _value(d[names.PREEMPTIONS]),
+        "offload_load_bytes": _value(d[names.OFFLOAD_LOAD_BYTES]),
+        "offload_store_bytes": _value(d[names.OFFLOAD_STORE_BYTES]),
+        "offload_load_bytes_per_s": _ratio(_value(d[names.OFFLOAD_LOAD_BYTES]), seconds),
+        "offload_store_bytes_per_s": _ratio(_value(d[names.OFFLOAD_STORE_BYTES]), seconds),
         "hisparse_hit_rate": _ratio(hits, None if hits is None or misses is None else hits + misses),
         "hisparse_misses": misses,
         "hisparse_h2d_bytes": _value(d[HISPARSE_H2D_BYTES]),
         "hisparse_h2d_bytes_per_s": _ratio(_value(d[HISPARSE_H2D_BYTES]), seconds),
-        "prefix_cache_hit_rate": _ratio(_value(d[PREFIX_HITS]), _value(d[PREFIX_QUERIES])),
-        "server_prompt_tokens": _value(d[PROMPT_TOKENS]),
+        "prefix_cache_hit_rate": _ratio(_value(d[names.PREFIX_HITS]), _value(d[names.PREFIX_QUERIES])),
+        "server_prompt_tokens": _value(d[names.PROMPT_TOKENS]),
         "server_tpot_ms": None if server_tpot_s is None else 1000.0 * server_tpot_s,
         # the engine's own decode rate per user: the figure to put beside the headline when the
         # client's stream arrived late and in bursts (tpot_client_low)
@@ -236,12 +227,23 @@ def derive_point_metrics(records: list[ScrapeRecord], summary: EvalScopeSummary 
     window_s = snapshots[-1].t - snapshots[0].t if snapshots else None
     client = _client_metrics(summary, gpus_per_server)
     counters, resets = _counter_metrics(snapshots, window_s)
+    gauges = _gauge_metrics(snapshots)
     return PointMetrics(
-        **client, **_gauge_metrics(snapshots), **counters,
+        **client, **gauges, **counters,
         **_tpot_check(counters["server_tpot_ms"], client.get("mean_tpot_ms")),
+        **_occupancy_check(gauges.get("occupancy_mean_running"), counters.get("decode_batch_mean")),
         counter_resets=len(resets), scrapes_ok=len(snapshots), scrapes_failed=scrapes.failed,
         window_s=window_s,
     )
+
+
+def _occupancy_check(gauge: float | None, batch: float | None) -> dict[str, bool]:
+    """Occupancy measured two ways (docs/metrics.md): the sampled running gauge and the engine's requests
+    per step from its counters. Where both exist and differ by more than OCCUPANCY_MARGIN_REQ, the point
+    says so, and the report and figure show both."""
+    if gauge is None or batch is None:
+        return {}
+    return {"occupancy_disagrees": abs(gauge - batch) > OCCUPANCY_MARGIN_REQ}
 
 
 def _tpot_check(server_ms: float | None, client_ms: float | None) -> dict[str, float | bool | None]:

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from harness import vllm_names as names
 from harness.errors import HarnessError
 from harness.metrics.prom import Sample, parse_exposition
 
-DEFAULT_KEEP_PREFIXES: tuple[str, ...] = ("vllm:",)
+DEFAULT_KEEP_PREFIXES: tuple[str, ...] = (names.PREFIX,)
 
 
 class ScrapeError(HarnessError):

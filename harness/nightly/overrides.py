@@ -71,6 +71,3 @@ def with_overrides(loaded: LoadedSweep, *, kernels: Kernels | None = None, vllm_
         launches[dep.name] = launch
     return replace(loaded, sweep=sweep, launches=launches)
 
-
-def vllm_arms(loaded: LoadedSweep) -> list[str]:
-    return [name for name, launch in loaded.launches.items() if launch.profile.engine == "vllm"]

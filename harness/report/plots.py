@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from harness.errors import HarnessError
+from harness.metrics.derive import OCCUPANCY_MARGIN_REQ
 from harness.report.figures import save_figure
 from harness.report.labels import Label, place_labels
 from harness.report.timeseries import DeploymentTimeline, load_timeline
@@ -164,9 +165,8 @@ def build_pareto_figure(df: pd.DataFrame, x: XAxis = "total") -> Figure:
     return fig
 
 
-# Where the running gauge's mean and the decode batch from the engine counters differ by more than this
-# (requests), the occupancy figure and the report show both (docs/metrics.md, "Occupancy two ways").
-OCCUPANCY_MARGIN_REQ = 0.3
+# Where the running gauge's mean and the decode batch from the engine counters differ by more than
+# OCCUPANCY_MARGIN_REQ, the occupancy figure and the report show both (docs/metrics.md, "Occupancy two ways").
 GAUGE, BATCH = "gauge", "decode batch"
 
 

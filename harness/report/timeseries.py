@@ -13,19 +13,18 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness import vllm_names as names
 from harness.metrics.scrape import read_scrapes
 from harness.records import PointRecord
 from harness.results import RunPaths, iter_points
 from harness.telemetry import GPU_JSONL, read_gpu_jsonl
 
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # the second: older vLLM
-HOST_USAGE = {"vllm:kv_offload_cpu_cache_usage_perc": "offload CPU pool",
-              "vllm:hisparse_host_cache_usage_perc": "HiSparse host pool"}
-RATES = {"vllm:kv_offload_load_bytes_total": "offload load (host→GPU)",
-         "vllm:kv_offload_store_bytes_total": "offload store (GPU→host)",
-         "vllm:hisparse_host_to_device_bytes_total": "HiSparse host→GPU"}
+RUNNING = names.RUNNING
+WAITING = names.WAITING
+KV_USAGE = (names.KV_USAGE, names.KV_USAGE_OLD)  # the second: older vLLM
+HOST_USAGE = {names.OFFLOAD_CPU_USAGE: "offload CPU pool", names.HISPARSE_HOST_USAGE: "HiSparse host pool"}
+RATES = {names.OFFLOAD_LOAD_BYTES: "offload load (host→GPU)", names.OFFLOAD_STORE_BYTES: "offload store (GPU→host)",
+         names.HISPARSE_H2D_BYTES: "HiSparse host→GPU"}
 
 LabelKey = tuple[tuple[str, str], ...]
 
