@@ -67,3 +67,11 @@ def test_the_records_and_tables_are_the_catalogue():
     assert {m.name for m in gated_by_default()} <= {m.name for m in table_metrics()}
     for m in CATALOGUE:
         assert m.meaning and (m.rule is None or m.better is not None), m.name
+
+
+def test_vllm_metric_names_are_written_in_one_module():
+    """`grep -rn '"vllm:' harness/` finds one module: every other reads the names from it."""
+    package = ROOT / "harness"
+    holders = sorted(str(p.relative_to(ROOT)) for p in package.rglob("*.py")
+                     if '"vllm:' in p.read_text(encoding="utf-8") or "'vllm:" in p.read_text(encoding="utf-8"))
+    assert holders == ["harness/vllm_names.py"]

@@ -9,14 +9,16 @@ from collections.abc import Callable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from harness import vllm_names as names
 from harness.sim.counters import EngineGauges, Histogram
 from harness.sim.engine import Engine
+from harness.vllm_names import family
 
 MALFORMED_METRICS_TEXT = (
-    "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-    "# TYPE vllm:num_requests_running gauge\n"
-    'vllm:num_requests_running{model_name="broken" 1.0\n'
-    "vllm:kv_cache_usage_perc{{{ not a sample\n")
+    f"# HELP {names.RUNNING} Number of requests in model execution batches.\n"
+    f"# TYPE {names.RUNNING} gauge\n"
+    f'{names.RUNNING}{{model_name="broken" 1.0\n'
+    f"{names.KV_USAGE}{{{{{{ not a sample\n")
 
 
 class EngineCollector:
@@ -47,79 +49,79 @@ class EngineCollector:
     def collect(self) -> Iterator[Metric]:
         e = self.engine
         g, c, h = self.gauges(), e.counters, e.histograms
-        yield self._gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+        yield self._gauge(names.RUNNING, "Number of requests in model execution batches.",
                           g.num_requests_running)
-        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+        yield self._gauge(names.WAITING, "Number of requests waiting to be processed.",
                           g.num_requests_waiting)
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+        yield self._gauge(names.KV_USAGE, "KV-cache usage. 1 means 100 percent usage.",
                           g.kv_cache_usage_perc)
-        yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+        yield self._counter(family(names.PREEMPTIONS), "Cumulative number of preemption from the engine.",
                             c.preemptions)
-        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.", c.prompt_tokens)
-        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
+        yield self._counter(family(names.PROMPT_TOKENS), "Number of prefill tokens processed.", c.prompt_tokens)
+        yield self._counter(family(names.GENERATION_TOKENS), "Number of generation tokens processed.",
                             c.generation_tokens)
-        yield self._counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of "
+        yield self._counter(family(names.PREFIX_QUERIES), "Prefix cache queries, in terms of number of "
                             "queried tokens.", c.prefix_cache_queries)
-        yield self._counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached "
+        yield self._counter(family(names.PREFIX_HITS), "Prefix cache hits, in terms of number of cached "
                             "tokens.", c.prefix_cache_hits)
-        ok = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
+        ok = CounterMetricFamily(family(names.REQUEST_SUCCESS), "Count of successfully processed requests.",
                                  labels=[*self.labels, "finished_reason"])
         ok.add_metric([*self.values, "length"], float(c.request_success - c.request_success_stop))
         ok.add_metric([*self.values, "stop"], float(c.request_success_stop))
         yield ok
         if e.cpu is not None:
-            yield self._counter("vllm:external_prefix_cache_queries", "External prefix cache queries "
+            yield self._counter(family(names.EXTERNAL_PREFIX_QUERIES), "External prefix cache queries "
                                 "from KV connector cross-instance cache sharing, in terms of number of "
                                 "queried tokens.", c.external_prefix_cache_queries)
-            yield self._counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV "
+            yield self._counter(family(names.EXTERNAL_PREFIX_HITS), "External prefix cache hits from KV "
                                 "connector cross-instance cache sharing, in terms of number of cached "
                                 "tokens.", c.external_prefix_cache_hits)
-            yield self._counter("vllm:kv_offload_load_bytes", "Bytes loaded from the CPU offload cache.",
+            yield self._counter(family(names.OFFLOAD_LOAD_BYTES), "Bytes loaded from the CPU offload cache.",
                                 c.kv_offload_load_bytes)
-            yield self._counter("vllm:kv_offload_store_bytes", "Bytes stored to the CPU offload cache.",
+            yield self._counter(family(names.OFFLOAD_STORE_BYTES), "Bytes stored to the CPU offload cache.",
                                 c.kv_offload_store_bytes)
-            yield self._counter("vllm:kv_offload_load_time", "Seconds spent loading from the CPU offload "
+            yield self._counter(family(names.OFFLOAD_LOAD_TIME), "Seconds spent loading from the CPU offload "
                                 "cache.", c.kv_offload_load_time_s)
-            yield self._counter("vllm:kv_offload_store_time", "Seconds spent storing to the CPU offload "
+            yield self._counter(family(names.OFFLOAD_STORE_TIME), "Seconds spent storing to the CPU offload "
                                 "cache.", c.kv_offload_store_time_s)
-            yield self._gauge("vllm:kv_offload_cpu_cache_usage_perc", "CPU offload cache usage. 1 means "
+            yield self._gauge(names.OFFLOAD_CPU_USAGE, "CPU offload cache usage. 1 means "
                               "100 percent usage.", g.kv_offload_cpu_cache_usage_perc or 0.0)
         if e.host is not None:
-            yield self._counter("vllm:hisparse_cache_hits", "HiSparse top-K rows served from GPU "
+            yield self._counter(family(names.HISPARSE_HITS), "HiSparse top-K rows served from GPU "
                                 "(resident or hot buffer).", c.hisparse_cache_hits)
-            yield self._counter("vllm:hisparse_cache_misses", "HiSparse top-K rows copied from pinned host "
+            yield self._counter(family(names.HISPARSE_MISSES), "HiSparse top-K rows copied from pinned host "
                                 "memory.", c.hisparse_cache_misses)
-            yield self._counter("vllm:hisparse_host_to_device_bytes", "HiSparse bytes copied host to "
+            yield self._counter(family(names.HISPARSE_H2D_BYTES), "HiSparse bytes copied host to "
                                 "device.", c.hisparse_host_to_device_bytes)
-            yield self._gauge("vllm:hisparse_host_cache_usage_perc", "HiSparse host pool usage. 1 means "
+            yield self._gauge(names.HISPARSE_HOST_USAGE, "HiSparse host pool usage. 1 means "
                               "100 percent usage.", g.hisparse_host_cache_usage_perc or 0.0)
-            yield self._gauge("vllm:hisparse_pending_page_transfers", "HiSparse page copies queued.",
+            yield self._gauge(names.HISPARSE_PENDING_PAGES, "HiSparse page copies queued.",
                               g.hisparse_pending_page_transfers or 0)
         if e.config.num_speculative_tokens:
-            yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+            yield self._counter(family(names.SPEC_DRAFTS), "Number of spec decoding drafts.",
                                 c.spec_decode_num_drafts)
-            yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+            yield self._counter(family(names.SPEC_DRAFT_TOKENS), "Number of draft tokens.",
                                 c.spec_decode_num_draft_tokens)
-            yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+            yield self._counter(family(names.SPEC_ACCEPTED), "Number of accepted tokens.",
                                 c.spec_decode_num_accepted_tokens)
         # vLLM's tokens-per-step histogram; only its count (the steps) and sum are modelled
-        steps = HistogramMetricFamily("vllm:iteration_tokens_total", "Histogram of number of tokens per "
+        steps = HistogramMetricFamily(names.ITERATION_TOKENS, "Histogram of number of tokens per "
                                       "engine_step.", labels=self.labels)
         steps.add_metric(self.values, buckets=[("+Inf", float(c.steps))], sum_value=float(c.step_tokens))
         yield steps
-        yield self._histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in "
+        yield self._histogram(names.TTFT, "Histogram of time to first token in "
                               "seconds.", h.time_to_first_token)
-        yield self._histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in "
+        yield self._histogram(names.ITL, "Histogram of inter-token latency in "
                               "seconds.", h.inter_token_latency)
-        yield self._histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_"
+        yield self._histogram(names.TPOT, "Histogram of time_per_output_"
                               "token_seconds per request.", h.request_time_per_output_token)
-        yield self._histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
+        yield self._histogram(names.E2E_LATENCY, "Histogram of e2e request latency in "
                               "seconds.", h.e2e_request_latency)
-        yield self._histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING "
+        yield self._histogram(names.QUEUE_TIME, "Histogram of time spent in WAITING "
                               "phase for request.", h.request_queue_time)
-        yield self._histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL "
+        yield self._histogram(names.PREFILL_TIME, "Histogram of time spent in PREFILL "
                               "phase for request.", h.request_prefill_time)
-        yield self._histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE "
+        yield self._histogram(names.DECODE_TIME, "Histogram of time spent in DECODE "
                               "phase for request.", h.request_decode_time)
 
 
