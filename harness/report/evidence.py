@@ -6,6 +6,7 @@ Functions return plain (kind, text) warnings and markdown lines; report/markdown
 
 from __future__ import annotations
 
+from harness import vllm_names as names
 from harness.evidence import SAMPLING_NOTE, concurrency_mismatch
 from harness.loadgen import BLOG_EVALSCOPE, CLIENT_DIFFERENCE, warmed_resends
 from harness.records import PointRecord, RunManifest
@@ -91,7 +92,7 @@ def evidence_section(manifest: RunManifest, points: list[PointRecord]) -> list[s
     if not deps:
         return ["No arm asked for HiSparse."]
     lines = ["| deployment | active | host pool (start line) | logged max concurrency | calculator at that "
-             "length | `vllm:hisparse_` families at the first scrape |", "|---|---|---|--:|--:|---|"]
+             f"length | `{names.HISPARSE_PREFIX}` families at the first scrape |", "|---|---|---|--:|--:|---|"]
     for dep, ev in deps.items():
         active = {True: "yes", False: "**no**", None: "not checked"}[ev.hisparse_active]
         pool = (f"{ev.host_source_gib:g} GiB, {ev.host_source_blocks:,} blocks" if ev.host_source_gib is not None
@@ -99,7 +100,7 @@ def evidence_section(manifest: RunManifest, points: list[PointRecord]) -> list[s
         logged = (f"{ev.logged_max_concurrency:g} at {ev.logged_concurrency_tokens:,} tokens"
                   if ev.logged_max_concurrency is not None else "-")
         predicted = "-" if ev.predicted_concurrency is None else str(ev.predicted_concurrency)
-        families = ", ".join(f"`{f.removeprefix('vllm:hisparse_')}`" for f in ev.metric_families) or "none"
+        families = ", ".join(f"`{f.removeprefix(names.HISPARSE_PREFIX)}`" for f in ev.metric_families) or "none"
         lines.append(f"| {dep} | {active} | {pool} | {logged} | {predicted} | {families} |")
     rows = [p for p in points if p.deployment in deps and p.metrics is not None]
     if rows:
