@@ -16,7 +16,7 @@ from pathlib import Path
 from harness.builds.envs import env_dir_for, expected_python, planned_kernel
 from harness.builds.kernels import KernelIdentity
 from harness.calc import sizing_for_launch, sizing_warnings
-from harness.config import ConfigError, LoadedLaunch, LoadedSweep
+from harness.config import ConfigError, LoadedLaunch, LoadedSweep, SweepFile
 from harness.config.hubref import HubRef
 from harness.io import display_path
 from harness.loadgen import (
@@ -141,11 +141,16 @@ class DatasetNeed:
 
 @dataclass(frozen=True)
 class Plan:
-    sweep: LoadedSweep
+    loaded: LoadedSweep
     deployments: tuple[DeploymentPlan, ...]
     dataset: DatasetNeed
     client: ClientPlan
     warnings: tuple[str, ...]
+
+    @property
+    def config(self) -> SweepFile:
+        """The sweep file's settings, as loaded."""
+        return self.loaded.sweep
 
     @property
     def simulated(self) -> bool:
@@ -157,7 +162,7 @@ class Plan:
 
 def longest_context_tokens(loaded: LoadedSweep) -> int:
     """First turn + every later turn + every reply: the context of a conversation's last turn."""
-    recipe = loaded.recipe.recipe
+    recipe = loaded.dataset_recipe
     return (recipe.first_turn_length + (recipe.num_turns - 1) * recipe.subsequent_turn_length
             + recipe.num_turns * loaded.sweep.client.max_tokens)
 
@@ -280,7 +285,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
             command=command, reserve_gpus=launch.profile.reserved_gpus(sweep.gpus_per_server),
             served_model_name=profile.served_model_name, ready_timeout_s=profile.effective_ready_timeout_s,
             points=points, sizing=sizing, api_key=api_key, pinned=pinned, weights=weights, stop_grace_s=grace))
-    recipe = loaded.recipe.recipe
+    recipe = loaded.dataset_recipe
     resends = ()
     if recipe.reuse == "blog":
         by_point = warmed_resends([(p.parallel, off, p.number) for p, off in zip(specs, offsets, strict=True)],
@@ -308,7 +313,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
             f"points need {needed} (offset {sweep.client.dataset_offset} + {sum(p.number for p in specs)}): "
             "later points would re-send conversations earlier points warmed in the prefix cache; "
             "the sweep builds the dataset with enough conversations")
-    return Plan(sweep=loaded, deployments=tuple(deployments), dataset=need, client=client, warnings=tuple(warnings))
+    return Plan(loaded=loaded, deployments=tuple(deployments), dataset=need, client=client, warnings=tuple(warnings))
 
 
 def planned_client_argv(deployment: DeploymentPlan, point: PointPlan, dataset_path: Path | None = None,

@@ -32,7 +32,7 @@ def failed_record(plan: Plan, point: PointPlan, reason: str, tail: list[str], fa
     return PointRecord(deployment=point.deployment, parallel=point.parallel, number=point.number,
                        dataset_offset=point.dataset_offset, status="failed", reason=reason, failure=failure,
                        server_log_tail=tail[-50:], simulated=plan.simulated,
-                       gpus_per_server=plan.sweep.sweep.gpus_per_server, started_at=now, ended_at=now)
+                       gpus_per_server=plan.config.gpus_per_server, started_at=now, ended_at=now)
 
 
 def _next_attempt(paths: RunPaths, point: PointPlan) -> int:
@@ -44,7 +44,7 @@ def _next_attempt(paths: RunPaths, point: PointPlan) -> int:
 def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerHandle, dataset: BuiltDataset,
               paths: RunPaths, load_generator: LoadGenerator, progress: Progress,
               stop: threading.Event | None = None) -> PointRecord:
-    sweep = plan.sweep.sweep
+    sweep = plan.config
     attempt = _next_attempt(paths, point)
     outputs_dir = paths.evalscope_dir(dep.name, point.parallel, attempt)
     argv = fill_client_argv(point.client_argv, base_url=handle.base_url, dataset_path=dataset.path,

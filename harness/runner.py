@@ -89,7 +89,7 @@ def make_launcher(options: SweepOptions) -> Launcher:
 def open_recorder(plan: Plan, root: Path, *, simulated: bool | None = None, engine_label: str | None = None,
                   started_at: str | None = None) -> RunRecorder:
     """Open (or resume) the run folder for a plan: `sweep` and `simulate` both start here."""
-    sweep, recipe = plan.sweep, plan.sweep.recipe.recipe
+    sweep, recipe = plan.loaded, plan.loaded.dataset_recipe
     return RunRecorder.open(
         root, sweep_name=sweep.sweep.name, sweep_path=display_path(sweep.path),
         simulated=plan.simulated if simulated is None else simulated, started_at=started_at,
@@ -362,7 +362,7 @@ def _run_deployment(run: _Run, dep: DeploymentPlan, points: list[PointPlan]) -> 
     """Run the pending points of one deployment; stops the sweep when the failure policy says so."""
     if run.stop.is_set():
         return
-    policy = run.plan.sweep.sweep.on_point_failure
+    policy = run.plan.config.on_point_failure
     paths = run.recorder.paths
     preflight = run_preflight(dep.name, dep.profile, dep.reserve_gpus, paths.root, paths.preflight_json(dep.name),
                               server_on_this_host=run.options.launcher == "local"
@@ -408,7 +408,7 @@ def _point_with_retries(run: _Run, dep: DeploymentPlan, point: PointPlan, server
     """Run a point, again on a healthy (restarted if need be) server up to max_point_retries times.
     Every attempt keeps its own EvalScope folder; point.json records the last one. None: the sweep
     is stopping and the point was cut short."""
-    retries, attempt, how = run.plan.sweep.sweep.max_point_retries, 0, None
+    retries, attempt, how = run.plan.config.max_point_retries, 0, None
     while True:
         restarted_before = server.starts
         handle = server.ensure_up()  # a ServerStartError ends the deployment: the caller records it
@@ -425,7 +425,7 @@ def _point_with_retries(run: _Run, dep: DeploymentPlan, point: PointPlan, server
             return record
         attempt += 1
         # the failed attempt warmed the prefix cache with its conversations: the retry must not reuse it
-        how = run.plan.sweep.sweep.retry_cache
+        how = run.plan.config.retry_cache
         if how == "shift":
             point = run.shifted(point)
             where = f"on conversations no attempt sent (offset {point.dataset_offset})"

@@ -100,7 +100,7 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
                              engine_label="sim (virtual time)", started_at=iso_from_unix(base_unix))
     recorder.record_provenance(provenance.collect(loaded, None, None, simulated=SIMULATED_NOTE))
     recorder.update_workload(source="recipe shape (virtual time, no text)")
-    recipe = loaded.recipe.recipe
+    recipe = loaded.dataset_recipe
     shapes = shapes_from_recipe(recipe, plan.dataset.build_conversations)
     keep = sweep.scrape.keep_prefixes
     simulated_s = 0.0

@@ -62,7 +62,7 @@ class ObservedPoint:
 class ObservedRun:
     run_dir: Path
     manifest: RunManifest
-    sweep: LoadedSweep
+    loaded: LoadedSweep  # the sweep as the run resolved it
     points: dict[str, ObservedPoint] = field(default_factory=dict)
 
     def point_spec(self, name: str) -> tuple[str, PointSpec, int]:
@@ -146,4 +146,4 @@ def read_run(run_dir: Path) -> ObservedRun:
     observed = {point_name(p.deployment, p.parallel): _observe(paths, p) for p in points if p.status == "ok"}
     if not observed:
         raise HarnessError(f"{run_dir}: no ok point to calibrate from")
-    return ObservedRun(run_dir=run_dir, manifest=manifest, sweep=_loaded_sweep(run_dir, manifest), points=observed)
+    return ObservedRun(run_dir=run_dir, manifest=manifest, loaded=_loaded_sweep(run_dir, manifest), points=observed)

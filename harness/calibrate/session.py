@@ -58,17 +58,17 @@ def run_setups(run: ObservedRun, names: Sequence[str], choice: ProfileChoice,
                hardware_path: str | None = None) -> dict[str, PointSetup]:
     """Each named point as the sweep ran it, described by the chosen simulator profiles."""
     setups = {}
-    recipe = run.sweep.recipe.recipe
+    recipe = run.loaded.dataset_recipe
     for name in names:
         deployment, spec, offset = run.point_spec(name)
-        launch = run.sweep.launch_for(deployment)
+        launch = run.loaded.launch_for(deployment)
         sim = sim_settings_for(launch, choice)
         if hardware_path is not None:
             sim = sim.model_copy(update={"hardware_profile": hardware_path})
         setups[name] = PointSetup(name=name, profile=launch.model_copy(update={"sim": sim}),
                                   model=load_model_profile(sim.model_profile),
                                   shapes=recipe_shapes(recipe, offset, spec.number), parallel=spec.parallel,
-                                  number=spec.number, max_tokens=run.sweep.sweep.client.max_tokens)
+                                  number=spec.number, max_tokens=run.loaded.sweep.client.max_tokens)
     return setups
 
 
@@ -86,8 +86,8 @@ def _recipe_mean_prompt(recipe: DatasetRecipe, reply_tokens: float) -> float:
 def reply_history_ratio(run: ObservedRun, names: Sequence[str]) -> float | None:
     """Tokens a re-sent reply takes per generated token, from the prompts EvalScope recorded: the mean
     prompt is linear in it, so one measured mean gives it (multi-turn runs with fixed-length replies)."""
-    recipe = run.sweep.recipe.recipe
-    output = run.sweep.sweep.client.max_tokens
+    recipe = run.loaded.dataset_recipe
+    output = run.loaded.sweep.client.max_tokens
     clients = [run.points[n].client for n in names]
     if recipe.num_turns < 2 or any(c is None or set(c.completion_tokens) != {output} for c in clients):
         return None

@@ -69,10 +69,10 @@ def validate_run(run: ObservedRun, profile_path: Path, calibration_points: Seque
     """Simulate the run's sweep with the calibrated profile in place of each arm's hardware profile."""
     hardware = str(Path(profile_path).resolve())
     launches = {}
-    for name, loaded in run.sweep.launches.items():
+    for name, loaded in run.loaded.launches.items():
         sim = sim_settings_for(loaded.profile, choice).model_copy(update={"hardware_profile": hardware})
         launches[name] = dataclasses.replace(loaded, profile=loaded.profile.model_copy(update={"sim": sim}))
-    sweep = dataclasses.replace(run.sweep, launches=launches)
+    sweep = dataclasses.replace(run.loaded, launches=launches)
     outcome = simulate_sweep(sweep, SimulateOptions(run_id=run_id, results_root=Path(results_root)), progress=progress)
     report = ValidationReport(measured_run=str(run.run_dir), calibrated_profile=hardware,
                               calibration_points=list(calibration_points),

@@ -34,10 +34,10 @@ def run(args: PlanArgs) -> int:
 
 
 def plan_as_dict(plan: Plan) -> dict:
-    sweep = plan.sweep.sweep
+    sweep = plan.config
     return {
         "sweep": sweep.name,
-        "file": display_path(plan.sweep.path),
+        "file": display_path(plan.loaded.path),
         "gpus_per_server": sweep.gpus_per_server,
         "client": {"evalscope_version": plan.client.version, "source": plan.client.source,
                    "program": list(plan.client.program), "nice": plan.client.nice},
@@ -74,10 +74,10 @@ def plan_as_dict(plan: Plan) -> dict:
 
 
 def plan_as_text(plan: Plan) -> str:
-    sweep = plan.sweep.sweep
+    sweep = plan.config
     n_points = len(sweep.client.point_list)
     client = plan.client
-    lines = [f"Sweep {sweep.name} ({display_path(plan.sweep.path)}): {len(plan.deployments)} deployment(s) x "
+    lines = [f"Sweep {sweep.name} ({display_path(plan.loaded.path)}): {len(plan.deployments)} deployment(s) x "
              f"{n_points} point(s), {sweep.gpus_per_server} GPU(s) per server",
              f"Dataset: {display_path(plan.dataset.recipe_path)} ({plan.dataset.recipe_name}): "
              f"{plan.dataset.describe()}",

@@ -160,6 +160,10 @@ class LoadedSweep:
     def launch_for(self, deployment: str) -> LaunchProfile:
         return self.launches[deployment].profile
 
+    @property
+    def dataset_recipe(self) -> DatasetRecipe:
+        return self.recipe.recipe
+
 
 def load_launch(path: Path | str) -> LoadedLaunch:
     path = Path(path).resolve()
