@@ -30,7 +30,7 @@ class Finding:
     """One regression: where, what, and against what."""
 
     deployment: str
-    parallel: int | None  # None: the whole deployment
+    concurrency: int | None  # None: the whole deployment
     metric: str | None  # None: not a metric (a missing or failed point)
     baseline: float | None
     value: float | None
@@ -41,7 +41,7 @@ class Finding:
 
     @property
     def where(self) -> str:
-        return self.deployment + ("" if self.parallel is None else f" c{self.parallel}")
+        return self.deployment + ("" if self.concurrency is None else f" c{self.concurrency}")
 
 
 @dataclass(frozen=True)
@@ -130,14 +130,14 @@ def _value_text(value: float) -> str:
 def evidence_findings(measured: Measurement) -> Judgement:
     """Findings that need no baseline: failed or degraded points, HiSparse not on when asked for."""
     findings, notes = [], []
-    for (dep, parallel), point in sorted(measured.points.items()):
+    for (dep, concurrency), point in sorted(measured.points.items()):
         if point.status not in ("ok", "degraded"):
-            findings.append(Finding(dep, parallel, None, None, None, None, "", "point_failed",
-                                    f"{dep} c{parallel} failed: {point.reason or 'no reason recorded'}"))
+            findings.append(Finding(dep, concurrency, None, None, None, None, "", "point_failed",
+                                    f"{dep} c{concurrency} failed: {point.reason or 'no reason recorded'}"))
         elif point.status == "degraded":  # more failed requests than the sweep's max_failed_requests
-            findings.append(Finding(dep, parallel, "failed_requests", None, float(point.failed_requests or 0), None,
+            findings.append(Finding(dep, concurrency, "failed_requests", None, float(point.failed_requests or 0), None,
                                     "= 0", "point_degraded",
-                                    f"{dep} c{parallel}: {point.failed_requests} of {point.total_requests} "
+                                    f"{dep} c{concurrency}: {point.failed_requests} of {point.total_requests} "
                                     "requests failed"))
     for dep, (requested, active) in sorted(measured.hisparse.items()):
         if requested and active is False:
@@ -157,10 +157,10 @@ def missing_findings(measured: Measurement, baseline: Sequence[Measurement]) -> 
     for dep in sorted({d for d, _ in wanted} - have_deps):
         out.append(Finding(dep, None, None, None, None, None, "", "deployment_missing",
                            f"{dep}: in the baseline, absent here"))
-    for dep, parallel in sorted(wanted - have):
+    for dep, concurrency in sorted(wanted - have):
         if dep in have_deps:
-            out.append(Finding(dep, parallel, None, None, None, None, "", "point_missing",
-                               f"{dep} c{parallel}: in the baseline, absent here"))
+            out.append(Finding(dep, concurrency, None, None, None, None, "", "point_missing",
+                               f"{dep} c{concurrency}: in the baseline, absent here"))
     return out
 
 
@@ -168,25 +168,25 @@ def metric_findings(measured: Measurement, baseline: Sequence[Measurement],
                     thresholds: GateThresholds) -> list[Finding]:  # type: ignore[valid-type]
     """Every gated metric of every ok point against the median of the baseline's values, by its rule."""
     out = []
-    for (dep, parallel), point in sorted(measured.points.items()):
+    for (dep, concurrency), point in sorted(measured.points.items()):
         if point.status != "ok":
             continue  # a failed point is already a finding
         for metric, rule in thresholds.rules():
-            past = [v for b in baseline if (p := b.points.get((dep, parallel))) is not None
+            past = [v for b in baseline if (p := b.points.get((dep, concurrency))) is not None
                     and (v := p.value(metric)) is not None]
             if not past:
                 continue
             base = statistics.median(past)
             value = point.value(metric)
             if value is None:
-                out.append(Finding(dep, parallel, metric, base, None, None, rule.text, "metric_missing",
-                                   f"{dep} c{parallel}: {metric} measured in the baseline, missing here"))
+                out.append(Finding(dep, concurrency, metric, base, None, None, rule.text, "metric_missing",
+                                   f"{dep} c{concurrency}: {metric} measured in the baseline, missing here"))
                 continue
             if rule.violated(base, value):
                 ratio = value / base if base else None
                 change = f" ({ratio - 1:+.1%})" if ratio is not None else ""
-                out.append(Finding(dep, parallel, metric, base, value, ratio, rule.text, "threshold",
-                                   f"{dep} c{parallel}: {metric} {_value_text(base)} -> {_value_text(value)}"
+                out.append(Finding(dep, concurrency, metric, base, value, ratio, rule.text, "threshold",
+                                   f"{dep} c{concurrency}: {metric} {_value_text(base)} -> {_value_text(value)}"
                                    f"{change}, limit {rule.text}"))
     return out
 

@@ -92,7 +92,7 @@ def blog_client_warning(plan: ClientPlan, reasoning_parser: str | None) -> str |
             f"(pin it with client.evalscope: \"{BLOG_EVALSCOPE}\"): {CLIENT_DIFFERENCE}; {parser}")
 
 
-def client_argv_template(plan: ClientPlan, client: ClientSettings, *, model: str, parallel: int, number: int,
+def client_argv_template(plan: ClientPlan, client: ClientSettings, *, model: str, concurrency: int, conversations: int,
                          dataset_offset: int, name: str, api_key: str | None = None) -> list[str]:
     """One point's EvalScope argv, with the server URL, dataset path and output folder left as
     placeholders that only a run knows (fill_client_argv)."""
@@ -108,7 +108,7 @@ def client_argv_template(plan: ClientPlan, client: ClientSettings, *, model: str
     ]
     if client.multi_turn:
         argv.append("--multi-turn")
-    argv += ["--number", str(number), "--parallel", str(parallel)]
+    argv += ["--number", str(conversations), "--parallel", str(concurrency)]
     if client.extra_args:
         argv += ["--extra-args", compact_json(client.extra_args)]
     argv += ["--name", name, "--outputs-dir", OUTPUTS_PLACEHOLDER, "--no-timestamp"]
@@ -124,27 +124,27 @@ def with_offset(argv: tuple[str, ...] | list[str], offset: int) -> list[str]:
     return out
 
 
-def conversations_read(offset: int, number: int, built: int) -> list[int]:
+def conversations_read(offset: int, conversations: int, built: int) -> list[int]:
     """The conversation indices one EvalScope run reads (docs/facts.md §6): the list rotated by the
-    offset (an offset at or past its length does nothing), then `number` of them, cycling."""
+    offset (an offset at or past its length does nothing), then `conversations` of them, cycling."""
     if built <= 0:
         return []
     order = list(range(built))
     if 0 < offset < built:
         order = order[offset:] + order[:offset]
-    return [order[i % built] for i in range(number)]
+    return [order[i % built] for i in range(conversations)]
 
 
 def warmed_resends(points: list[tuple[int, int, int]], built: int) -> dict[int, int]:
     """Per concurrency, how many conversations its run re-sends that an earlier point (or itself)
-    already sent; `points` are (parallel, offset, number) in run order."""
+    already sent; `points` are (concurrency, offset, conversations) in run order."""
     sent: set[int] = set()
     out: dict[int, int] = {}
-    for parallel, offset, number in points:
-        read = conversations_read(offset, number, built)
+    for concurrency, offset, conversations in points:
+        read = conversations_read(offset, conversations, built)
         again = sum(1 for c in read if c in sent) + len(read) - len(set(read))
         if again:
-            out[parallel] = again
+            out[concurrency] = again
         sent.update(read)
     return out
 
@@ -161,9 +161,9 @@ def fill_client_argv(template: tuple[str, ...] | list[str], *, base_url: str, da
     return out
 
 
-def summary_dir(outputs_dir: Path, name: str, parallel: int, number: int) -> Path:
+def summary_dir(outputs_dir: Path, name: str, concurrency: int, conversations: int) -> Path:
     """Where EvalScope writes one run's benchmark_summary.json."""
-    return outputs_dir / name / f"parallel_{parallel}_number_{number}"
+    return outputs_dir / name / f"parallel_{concurrency}_number_{conversations}"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from harness.loadgen import (
     resolve_client,
     warmed_resends,
 )
+from harness.records import point_id
 from harness.servers.base import MODEL_PLACEHOLDER, PORT_PLACEHOLDER
 from harness.servers.preflight import PinnedMemory, hisparse_start_refusals, pinned_memory, stop_grace_for
 from harness.servers.vllm_command import ServerCommand, server_command
@@ -43,18 +44,18 @@ DATASET_PLACEHOLDER = Path("<dataset>")
 @dataclass(frozen=True)
 class PointPlan:
     deployment: str
-    parallel: int
-    number: int
+    concurrency: int
+    conversations: int
     dataset_offset: int
     client_argv: tuple[str, ...]  # EvalScope's argv with {base_url}, {dataset} and {outputs} to fill
 
     @property
     def point_id(self) -> str:
-        return f"p{self.parallel}"
+        return point_id(self.concurrency)
 
     @property
     def evalscope_name(self) -> str:
-        return f"{self.deployment}-c{self.parallel}"
+        return f"{self.deployment}-c{self.concurrency}"
 
 
 @dataclass(frozen=True)
@@ -221,7 +222,7 @@ def _sizing(loaded: LoadedSweep, deployment: str) -> Sizing | None:
         return None
     seq_len = longest_context_tokens(loaded)
     result = sizing_for_launch(profile, seq_len)
-    concurrencies = [p.parallel for p in loaded.sweep.client.point_list]
+    concurrencies = [p.concurrency for p in loaded.sweep.client.point_list]
     return Sizing(seq_len=seq_len, predicted_concurrency=result.predicted_total,
                   baseline_concurrency=result.baseline_total, layout=result.layout,
                   warnings=tuple(sizing_warnings(profile, seq_len, concurrencies)))
@@ -250,8 +251,8 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
               clients_dir: Path | None = None) -> Plan:
     sweep = loaded.sweep
     specs = sweep.client.point_list
-    offsets = point_offsets(sweep.client.dataset_offset, [p.number for p in specs])
-    needed = sweep.client.dataset_offset + sum(p.number for p in specs)
+    offsets = point_offsets(sweep.client.dataset_offset, [p.conversations for p in specs])
+    needed = sweep.client.dataset_offset + sum(p.conversations for p in specs)
     client = resolve_client(sweep.client, clients_dir)
     warnings: list[str] = []
     deployments = []
@@ -272,10 +273,10 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
         served = sweep.client.model or profile.served_model_name
         api_key = profile.api_key
         points = tuple(
-            PointPlan(dep.name, p.parallel, p.number, off,
-                      client_argv=tuple(client_argv_template(client, sweep.client, model=served, parallel=p.parallel,
-                                                             number=p.number, dataset_offset=off,
-                                                             name=f"{dep.name}-c{p.parallel}", api_key=api_key)))
+            PointPlan(dep.name, p.concurrency, p.conversations, off,
+                      client_argv=tuple(client_argv_template(client, sweep.client, model=served, concurrency=p.concurrency,
+                                                             conversations=p.conversations, dataset_offset=off,
+                                                             name=f"{dep.name}-c{p.concurrency}", api_key=api_key)))
             for p, off in zip(specs, offsets, strict=True))
         sizing = _sizing(loaded, dep.name)
         if sizing is not None:
@@ -288,7 +289,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
     recipe = loaded.dataset_recipe
     resends = ()
     if recipe.reuse == "blog":
-        by_point = warmed_resends([(p.parallel, off, p.number) for p, off in zip(specs, offsets, strict=True)],
+        by_point = warmed_resends([(p.concurrency, off, p.conversations) for p, off in zip(specs, offsets, strict=True)],
                                   recipe.conversations)
         resends = tuple(sorted(by_point.items()))
     reserve = 0
@@ -296,7 +297,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
         if recipe.reuse == "blog":
             raise ConfigError(loaded.path, "retry_cache shift needs spare conversations, and the recipe's reuse: blog "
                               "builds exactly its conversations; use retry_cache: restart", "retry_cache")
-        reserve = sweep.max_point_retries * sum(p.number for p in specs)
+        reserve = sweep.max_point_retries * sum(p.conversations for p in specs)
     need = DatasetNeed(recipe_path=loaded.recipe.path, recipe_name=recipe.name,
                        conversations_needed=needed, conversations_built=recipe.conversations, mode=recipe.reuse,
                        resends=resends, retry_reserve=reserve)
@@ -310,7 +311,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
     elif need.reuse:
         warnings.append(
             f"dataset {display_path(need.recipe_path)} builds {need.conversations_built} conversations but the "
-            f"points need {needed} (offset {sweep.client.dataset_offset} + {sum(p.number for p in specs)}): "
+            f"points need {needed} (offset {sweep.client.dataset_offset} + {sum(p.conversations for p in specs)}): "
             "later points would re-send conversations earlier points warmed in the prefix cache; "
             "the sweep builds the dataset with enough conversations")
     return Plan(loaded=loaded, deployments=tuple(deployments), dataset=need, client=client, warnings=tuple(warnings))

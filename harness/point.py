@@ -29,14 +29,14 @@ Progress = Callable[[str], None]
 
 def failed_record(plan: Plan, point: PointPlan, reason: str, tail: list[str], failure: FailureKind) -> PointRecord:
     now = utc_now_iso()
-    return PointRecord(deployment=point.deployment, parallel=point.parallel, number=point.number,
+    return PointRecord(deployment=point.deployment, concurrency=point.concurrency, conversations=point.conversations,
                        dataset_offset=point.dataset_offset, status="failed", reason=reason, failure=failure,
                        server_log_tail=tail[-50:], simulated=plan.simulated,
                        gpus_per_server=plan.config.gpus_per_server, started_at=now, ended_at=now)
 
 
 def _next_attempt(paths: RunPaths, point: PointPlan) -> int:
-    root = paths.point_dir(point.deployment, point.parallel) / "evalscope"
+    root = paths.point_dir(point.deployment, point.concurrency) / "evalscope"
     taken = [int(p.name.split("-", 1)[1]) for p in root.glob("attempt-*") if p.name.split("-", 1)[1].isdigit()]
     return max(taken, default=0) + 1
 
@@ -46,16 +46,16 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
               stop: threading.Event | None = None) -> PointRecord:
     sweep = plan.config
     attempt = _next_attempt(paths, point)
-    outputs_dir = paths.evalscope_dir(dep.name, point.parallel, attempt)
+    outputs_dir = paths.evalscope_dir(dep.name, point.concurrency, attempt)
     argv = fill_client_argv(point.client_argv, base_url=handle.base_url, dataset_path=dataset.path,
                             outputs_dir=outputs_dir)
-    scrapes_path = paths.scrapes_jsonl(dep.name, point.parallel)
+    scrapes_path = paths.scrapes_jsonl(dep.name, point.concurrency)
     if scrapes_path.exists():  # a failed earlier attempt: keep its scrapes beside, not mixed in
         scrapes_path.rename(scrapes_path.with_name(f"scrapes.attempt-{attempt - 1}.jsonl"))
-    gpu_path = paths.point_dir(dep.name, point.parallel) / GPU_JSONL
+    gpu_path = paths.point_dir(dep.name, point.concurrency) / GPU_JSONL
     if gpu_path.exists():
         gpu_path.rename(gpu_path.with_name(f"gpu.attempt-{attempt - 1}.jsonl"))
-    progress(f"{dep.name}: c{point.parallel} ({point.number} conversations, offset {point.dataset_offset}), "
+    progress(f"{dep.name}: c{point.concurrency} ({point.conversations} conversations, offset {point.dataset_offset}), "
              f"attempt {attempt}")
     started_iso, started_unix = utc_now_iso(), time.time()
     t0 = time.monotonic()
@@ -76,12 +76,12 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     ended_unix = time.time()
     load_generator.scrub(outputs_dir)
     record = PointRecord(
-        deployment=dep.name, parallel=point.parallel, number=point.number, dataset_offset=point.dataset_offset,
+        deployment=dep.name, concurrency=point.concurrency, conversations=point.conversations, dataset_offset=point.dataset_offset,
         status="ok", attempt=attempt, started_at=started_iso, ended_at=utc_now_iso(),
         started_unix_s=started_unix, ended_unix_s=ended_unix, evalscope_wall_s=round(run.wall_s, 3),
         evalscope_command=argv, evalscope_output_dir=display_path(outputs_dir), simulated=plan.simulated,
         gpus_per_server=sweep.gpus_per_server)
-    run_summary = summary_dir(outputs_dir, point.evalscope_name, point.parallel, point.number)
+    run_summary = summary_dir(outputs_dir, point.evalscope_name, point.concurrency, point.conversations)
     summary, reason, failure = _summary_or_reason(run, run_summary, handle, load_generator, stop)
     record.summary = summary
     record.gpu = gpu
@@ -92,7 +92,7 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     if reason is not None:
         record.status, record.reason, record.failure = "failed", reason, failure
         record.server_log_tail = handle.log_tail(50)
-        progress(f"{dep.name}: c{point.parallel} failed: {reason}")
+        progress(f"{dep.name}: c{point.concurrency} failed: {reason}")
     records = read_scrapes(scrapes_path)
     record.metrics = derive_point_metrics(records, summary, sweep.gpus_per_server,
                                           window=(started_unix, ended_unix))
@@ -101,11 +101,11 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     if record.status == "ok" and point_status(failed, sweep.max_failed_requests) == "degraded":
         record.status, record.failure = "degraded", "requests"
         record.reason = f"{failed} of {summary.total_requests or '?'} requests failed"
-        progress(f"{dep.name}: c{point.parallel} degraded: {record.reason}")
+        progress(f"{dep.name}: c{point.concurrency} degraded: {record.reason}")
     record.wall_s = round(time.monotonic() - t0, 3)
     if record.status == "ok":
         m = record.metrics
-        progress(f"{dep.name}: c{point.parallel} ok in {record.wall_s:.1f}s: "
+        progress(f"{dep.name}: c{point.concurrency} ok in {record.wall_s:.1f}s: "
                  f"{_fmt(m.interactivity_tok_s_user)} tok/s/user, {_fmt(m.total_tok_s_per_gpu)} tok/s/GPU, "
                  f"occupancy {_fmt(m.occupancy_mean_running)}")
     return record

@@ -13,13 +13,33 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from harness.catalogue import Metric
 from harness.catalogue import metrics as catalogue_metrics
 from harness.config.nightly import NightlySettings
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+
+def point_id(concurrency: int) -> str:
+    """A point's name in folders, manifests, tables and flags alike: `c8`."""
+    return f"c{concurrency}"
+
+
+def concurrency_of(point_id: str) -> int | None:
+    """8 for `c8`, and for `p8` (the name before schema 3); None for anything else."""
+    if len(point_id) > 1 and point_id[0] in "cp" and point_id[1:].isdigit():
+        return int(point_id[1:])
+    return None
 
 
 class Record(BaseModel):
@@ -118,8 +138,9 @@ class PointRecord(Record):
 
     schema_version: int = 1  # files without the field are version 1
     deployment: str
-    parallel: int
-    number: int
+    # written before schema 3 as EvalScope's names, `parallel` and `number`
+    concurrency: int = Field(validation_alias=AliasChoices("concurrency", "parallel"))
+    conversations: int = Field(validation_alias=AliasChoices("conversations", "number"))
     dataset_offset: int
     status: PointStatus
     reason: str | None = None
@@ -146,7 +167,7 @@ class PointRecord(Record):
 
     @property
     def point_id(self) -> str:
-        return f"p{self.parallel}"
+        return point_id(self.concurrency)
 
     @model_validator(mode="after")
     def _legacy_failure(self) -> PointRecord:
@@ -379,10 +400,17 @@ class RunManifest(Record):
     provenance: ProvenanceRecord = Field(default_factory=ProvenanceRecord)
     resolved_config: dict[str, Any] = Field(default_factory=dict)
     deployments: dict[str, DeploymentRecord] = Field(default_factory=dict)
-    points: dict[str, dict[str, str]] = Field(default_factory=dict)  # dep -> "p8" -> point status or "pending"
+    points: dict[str, dict[str, str]] = Field(default_factory=dict)  # dep -> "c8" -> point status or "pending"
     started_at: str | None = None
     ended_at: str | None = None
     status: RunStatus = "running"
+
+    @field_validator("points")
+    @classmethod
+    def _c_names(cls, points: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        """Point ids as `c8` whatever release wrote the manifest (`p8` before schema 3)."""
+        return {dep: {point_id(c) if (c := concurrency_of(pid)) is not None else pid: status
+                      for pid, status in by_point.items()} for dep, by_point in points.items()}
 
     @property
     def resolved(self) -> ResolvedConfig:

@@ -2,7 +2,8 @@
 
 results/<run-id>/manifest.json
 results/<run-id>/deployments/<dep>/{command.txt, server.log, preflight.json}
-results/<run-id>/points/<dep>/p<parallel>/{evalscope/attempt-<n>/, scrapes.jsonl, point.json}
+results/<run-id>/points/<dep>/c<concurrency>/{evalscope/attempt-<n>/, scrapes.jsonl, point.json}
+(p<concurrency>/ in run folders written before schema 3: still read and resumed)
 results/<run-id>/summary.csv
 results/<run-id>/report.md
 """
@@ -27,6 +28,7 @@ from harness.records import (
     RunStatus,
     StopRecord,
     WorkloadRecord,
+    point_id,
     run_status,
 )
 from harness.redact import redact_argv, redact_config, redact_text
@@ -84,17 +86,24 @@ class RunPaths:
     def preflight_json(self, deployment: str) -> Path:
         return self.deployment_dir(deployment) / "preflight.json"
 
-    def point_dir(self, deployment: str, parallel: int) -> Path:
-        return self.root / "points" / deployment / f"p{parallel}"
+    def point_dir(self, deployment: str, concurrency: int) -> Path:
+        """points/<dep>/c<N>/; a run folder an older release wrote keeps its points/<dep>/p<N>/, and a
+        resumed run goes on writing there."""
+        current = self.root / "points" / deployment / point_id(concurrency)
+        if not current.exists():
+            old = self.root / "points" / deployment / f"p{concurrency}"
+            if old.is_dir():
+                return old
+        return current
 
-    def point_json(self, deployment: str, parallel: int) -> Path:
-        return self.point_dir(deployment, parallel) / "point.json"
+    def point_json(self, deployment: str, concurrency: int) -> Path:
+        return self.point_dir(deployment, concurrency) / "point.json"
 
-    def scrapes_jsonl(self, deployment: str, parallel: int) -> Path:
-        return self.point_dir(deployment, parallel) / "scrapes.jsonl"
+    def scrapes_jsonl(self, deployment: str, concurrency: int) -> Path:
+        return self.point_dir(deployment, concurrency) / "scrapes.jsonl"
 
-    def evalscope_dir(self, deployment: str, parallel: int, attempt: int) -> Path:
-        return self.point_dir(deployment, parallel) / "evalscope" / f"attempt-{attempt}"
+    def evalscope_dir(self, deployment: str, concurrency: int, attempt: int) -> Path:
+        return self.point_dir(deployment, concurrency) / "evalscope" / f"attempt-{attempt}"
 
 
 def read_manifest(run_dir: Path) -> RunManifest:
@@ -117,9 +126,9 @@ def read_point(path: Path) -> PointRecord | None:
 
 def iter_points(run_dir: Path) -> list[PointRecord]:
     """Every readable point.json of a run, by deployment then concurrency."""
-    records = [r for p in sorted((Path(run_dir) / "points").glob("*/p*/point.json"))
+    records = [r for p in sorted((Path(run_dir) / "points").glob("*/[cp][0-9]*/point.json"))
                if (r := read_point(p)) is not None]
-    return sorted(records, key=lambda r: (r.deployment, r.parallel))
+    return sorted(records, key=lambda r: (r.deployment, r.concurrency))
 
 
 # ---- the run recorder ------------------------------------------------------------------------------
@@ -154,8 +163,8 @@ class RunRecorder:
                 manifest.deployments.setdefault(name, record)
             for name, ids in points.items():
                 by_point = manifest.points.setdefault(name, {})
-                for point_id in ids:
-                    by_point.setdefault(point_id, "pending")
+                for pid in ids:
+                    by_point.setdefault(pid, "pending")
             manifest.status, manifest.ended_at = "running", None
             manifest.schema_version = SCHEMA_VERSION
         else:
@@ -171,8 +180,8 @@ class RunRecorder:
 
     # ---- reading
 
-    def point_ok(self, deployment: str, parallel: int) -> bool:
-        record = read_point(self.paths.point_json(deployment, parallel))
+    def point_ok(self, deployment: str, concurrency: int) -> bool:
+        record = read_point(self.paths.point_json(deployment, concurrency))
         return record is not None and record.status in OK_STATUSES
 
     # ---- recording
@@ -215,8 +224,8 @@ class RunRecorder:
         """command.txt: the server command as a person can re-run it (secrets masked)."""
         atomic_write_text(self.paths.command_txt(deployment), redact_text(shell_line) + "\n")
 
-    def write_scrapes(self, deployment: str, parallel: int, lines: list[str]) -> None:
-        atomic_write_text(self.paths.scrapes_jsonl(deployment, parallel), "".join(lines))
+    def write_scrapes(self, deployment: str, concurrency: int, lines: list[str]) -> None:
+        atomic_write_text(self.paths.scrapes_jsonl(deployment, concurrency), "".join(lines))
 
     def record_point(self, record: PointRecord) -> PointRecord:
         """point.json (redacted) and the point's status in the manifest; returns what was written."""
@@ -225,7 +234,7 @@ class RunRecorder:
             "server_log_tail": [redact_text(line) for line in record.server_log_tail],
             "reason": redact_text(record.reason) if record.reason else record.reason})
         with self._lock:
-            atomic_write_json(self.paths.point_json(record.deployment, record.parallel), clean)
+            atomic_write_json(self.paths.point_json(record.deployment, record.concurrency), clean)
             self._manifest.points.setdefault(record.deployment, {})[record.point_id] = clean.status
             self._write()
         return clean

@@ -135,16 +135,16 @@ class _Run:
                 self.outcome.ok += 1
             elif record.status == "degraded":
                 self.outcome.degraded += 1
-                self.outcome.failures.append(f"{record.deployment} c{record.parallel}: degraded: {record.reason}")
+                self.outcome.failures.append(f"{record.deployment} c{record.concurrency}: degraded: {record.reason}")
             else:
                 self.outcome.failed += 1
-                self.outcome.failures.append(f"{record.deployment} c{record.parallel}: {record.reason}")
+                self.outcome.failures.append(f"{record.deployment} c{record.concurrency}: {record.reason}")
 
     def shifted(self, point: PointPlan) -> PointPlan:
         """The point on conversations past every planned one and every earlier shift (retry_cache: shift)."""
         with self._lock:
             offset = self.plan.dataset.conversations_needed + self._shifted
-            self._shifted += point.number
+            self._shifted += point.conversations
         return replace(point, dataset_offset=offset, client_argv=tuple(with_offset(point.client_argv, offset)))
 
     def stop_by_policy(self) -> None:
@@ -161,7 +161,7 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     recorder = open_recorder(plan, run_dir_for(options.results_root, run_id))
     outcome = SweepOutcome(run_dir=recorder.paths.root)
 
-    pending = {d.name: [p for p in d.points if not recorder.point_ok(d.name, p.parallel)] for d in plan.deployments}
+    pending = {d.name: [p for p in d.points if not recorder.point_ok(d.name, p.concurrency)] for d in plan.deployments}
     outcome.skipped = sum(len(d.points) - len(pending[d.name]) for d in plan.deployments)
     if outcome.skipped:
         progress(f"resuming {run_id}: {outcome.skipped} point(s) already ok, skipped")
@@ -432,4 +432,4 @@ def _point_with_retries(run: _Run, dep: DeploymentPlan, point: PointPlan, server
         else:
             server.stop()
             where = "on a restarted server (cold prefix cache)"
-        run.progress(f"{dep.name}: c{point.parallel}: retrying ({attempt} of {retries}) {where}")
+        run.progress(f"{dep.name}: c{point.concurrency}: retrying ({attempt} of {retries}) {where}")

@@ -2,14 +2,52 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
 from harness.io import display_path
+
+# ---------------------------------------------------------------- deprecated spellings
+
+# Old spellings a config may still use: each renamed value reports itself here while a file is validated,
+# and the loader says so once per file (harness/config/loading.py).
+_DEPRECATED: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("deprecated", default=None)
+
+
+def renamed(data: Any, old_to_new: dict[str, str], where: str) -> Any:
+    """`data` (a mapping being validated) with its old keys under their new names, each noted."""
+    if not isinstance(data, dict) or not any(old in data for old in old_to_new):
+        return data
+    out = dict(data)
+    for old, new in old_to_new.items():
+        if old in out and new not in out:
+            out[new] = out.pop(old)
+            note_deprecated(f"{where}`{old}` is now `{new}`")
+    return out
+
+
+def note_deprecated(text: str) -> None:
+    notes = _DEPRECATED.get()
+    if notes is not None and text not in notes:
+        notes.append(text)
+
+
+@contextlib.contextmanager
+def deprecations() -> Iterator[list[str]]:
+    """Collect the deprecated spellings noted while the block validates a file."""
+    token = _DEPRECATED.set([])
+    try:
+        yield _DEPRECATED.get()  # type: ignore[misc]
+    finally:
+        _DEPRECATED.reset(token)
+
 
 # ---------------------------------------------------------------- sizes
 

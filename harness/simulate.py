@@ -123,26 +123,26 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
 
             offset = point.dataset_offset if point.dataset_offset < len(shapes) else 0  # as EvalScope rotates
             rotated = shapes[offset:] + shapes[:offset]
-            run = run_point(engine, rotated, parallel=point.parallel, number=point.number,
+            run = run_point(engine, rotated, concurrency=point.concurrency, conversations=point.conversations,
                             max_tokens=sweep.client.max_tokens, start_s=now,
                             scrape_interval_s=sweep.scrape.interval_s, on_scrape=scrape)
             summary = evalscope_like_summary(run)
             metrics = derive_point_metrics(records, summary, sweep.gpus_per_server)
             status, reason, failure = simulated_status(summary, sweep.max_failed_requests)
             record = PointRecord(
-                deployment=dep.name, parallel=point.parallel, number=point.number,
+                deployment=dep.name, concurrency=point.concurrency, conversations=point.conversations,
                 dataset_offset=point.dataset_offset, status=status, reason=reason, failure=failure,
                 started_at=iso_from_unix(base_unix + run.start_s), ended_at=iso_from_unix(base_unix + run.end_s),
                 started_unix_s=base_unix + run.start_s, ended_unix_s=base_unix + run.end_s,
                 wall_s=run.duration_s, simulated=True, gpus_per_server=sweep.gpus_per_server,
                 summary=summary, metrics=metrics)
-            recorder.write_scrapes(dep.name, point.parallel, [json.dumps(r.to_json()) + "\n" for r in records])
+            recorder.write_scrapes(dep.name, point.concurrency, [json.dumps(r.to_json()) + "\n" for r in records])
             recorder.record_point(record)
             written += 1
             counts[record.status] += 1
             if record.status != "ok":
-                failures.append(f"{dep.name} c{point.parallel}: {record.reason}")
-            progress(f"simulate: {dep.name} c{point.parallel}: {record.status}, {run.duration_s:.1f} s simulated, "
+                failures.append(f"{dep.name} c{point.concurrency}: {record.reason}")
+            progress(f"simulate: {dep.name} c{point.concurrency}: {record.status}, {run.duration_s:.1f} s simulated, "
                      f"{_fmt(metrics.interactivity_tok_s_user)} tok/s/user, "
                      f"{_fmt(metrics.total_tok_s_per_gpu)} tok/s/GPU, occupancy {_fmt(metrics.occupancy_mean_running)}")
             now = run.end_s + 5.0  # EvalScope's default --sleep-interval between runs

@@ -46,8 +46,8 @@ def _c(name: str, kind: Kind, unit: str, meaning: str, source: Source) -> Column
 COLUMNS: tuple[Column, ...] = (
     _c("run_id", "str", "", "run folder name (results/<run_id>/)", "run"),
     _c("deployment", "str", "", "deployment name from the sweep file", "point"),
-    _c("parallel", "int", "requests", "offered concurrency (EvalScope --parallel)", "point"),
-    _c("number", "int", "conversations", "conversations sent (EvalScope --number)", "point"),
+    _c("concurrency", "int", "requests", "offered concurrency (EvalScope --parallel)", "point"),
+    _c("conversations", "int", "conversations", "conversations sent (EvalScope --number)", "point"),
     _c("dataset_offset", "int", "conversations", "EvalScope --dataset-offset of the point", "point"),
     _c("status", "str", "", "ok, degraded (more failed requests than max_failed_requests) or failed", "point"),
     _c("reason", "str", "", "why the point failed or is degraded (empty when ok)", "point"),
@@ -194,7 +194,7 @@ def _csv_is_current(run_dir: Path) -> bool:
         return False
     if not header >= _BY_NAME.keys():
         return False
-    newest = max((p.stat().st_mtime for p in run_dir.glob("points/*/p*/point.json")), default=0.0)
+    newest = max((p.stat().st_mtime for p in run_dir.glob("points/*/[cp][0-9]*/point.json")), default=0.0)
     newest = max(newest, RunPaths(run_dir).manifest.stat().st_mtime if RunPaths(run_dir).manifest.exists()
                  else 0.0)
     return csv.stat().st_mtime >= newest
@@ -243,8 +243,8 @@ def summary_table(run_dir: Path, frame: pd.DataFrame | None = None) -> str:
     headers = ("deployment", "c", "status", "tok/s/user", "tok/s/GPU", "occupancy", "batch", "accept", "preempt")
     several = df["run_id"].nunique() > 1
     rows: list[Sequence[str]] = []
-    for r in df.sort_values(["run_id", "deployment", "parallel"]).itertuples(index=False):
-        rows.append((f"{r.run_id}/{r.deployment}" if several else str(r.deployment), str(r.parallel),
+    for r in df.sort_values(["run_id", "deployment", "concurrency"]).itertuples(index=False):
+        rows.append((f"{r.run_id}/{r.deployment}" if several else str(r.deployment), str(r.concurrency),
                      str(r.status), _number(r.interactivity_tok_s_user, 1), _number(r.total_tok_s_per_gpu, 0),
                      _number(r.occupancy_mean_running, 1), _number(r.decode_batch_mean, 1),
                      _number(r.mtp_acceptance_length, 2),

@@ -186,7 +186,7 @@ def _point(paths: RunPaths, dep: str, parallel: int, number: int, offset: int, s
         counter_resets=1 if restart else 0, scrapes_ok=len(running_samples),
         scrapes_failed=1 if scrape_error else 0, window_s=wall_s)
     record = PointRecord(
-        deployment=dep, parallel=parallel, number=number, dataset_offset=offset, status="ok",
+        deployment=dep, concurrency=parallel, conversations=number, dataset_offset=offset, status="ok",
         started_unix_s=start_s, ended_unix_s=end_s, wall_s=wall_s, evalscope_wall_s=wall_s - 2.0,
         evalscope_command=["evalscope", "perf", "--parallel", str(parallel), "--number", str(number)],
         server_restarted=restart, simulated=simulated, gpus_per_server=gpus, summary=summary, metrics=metrics)
@@ -200,7 +200,7 @@ def _failed_point(paths: RunPaths, dep: str, parallel: int, number: int, offset:
     with open(paths.scrapes_jsonl(dep, parallel), "w") as fh:
         fh.write(json.dumps({"t": start_s, "scrape": 0, "error": "GET /metrics: connection refused"}) + "\n")
     record = PointRecord(
-        deployment=dep, parallel=parallel, number=number, dataset_offset=offset, status="failed",
+        deployment=dep, concurrency=parallel, conversations=number, dataset_offset=offset, status="failed",
         reason="server exited with code -9 during EvalScope (0 of 416 requests succeeded)",
         started_unix_s=start_s, ended_unix_s=end_s, wall_s=95.0, simulated=simulated, gpus_per_server=gpus,
         server_log_tail=["torch.OutOfMemoryError: CUDA out of memory", "Engine core proc died"],
@@ -236,7 +236,7 @@ def make_run(results_root: Path, run_id: str = "run-a", *, deployments: tuple[st
                                            build=BuildRecord(kind="pypi", spec="vllm==0.33.0",
                                                              vllm_version="0.33.0"))
                      for dep in deployments},
-        points={dep: [f"p{parallel}" for parallel, _ in points] for dep in deployments})
+        points={dep: [f"c{parallel}" for parallel, _ in points] for dep in deployments})
     recorder.record_provenance(ProvenanceRecord(
         harness_commit="d9ea2f4", evalscope_version="1.14.1",
         gpu=GpuRecord(model=gpu_model, count=gpus_per_server, driver="580.82.07"), host_ram_gib=2015.6,

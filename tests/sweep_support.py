@@ -68,7 +68,7 @@ def points_of(run_dir: Path) -> dict[tuple[str, int], PointRecord]:
     out = {}
     for path in run_dir.glob("points/*/p*/point.json"):
         record = PointRecord.model_validate_json(path.read_bytes())
-        out[(record.deployment, record.parallel)] = record
+        out[(record.deployment, record.concurrency)] = record
     return out
 
 

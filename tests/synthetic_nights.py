@@ -36,24 +36,24 @@ class Change:
     factor: float = 1.0
     per_night: float = 0.0
     deployment: str | None = None  # None: every deployment
-    parallel: int | None = None  # None: every point
+    concurrency: int | None = None  # None: every point
 
-    def multiplier(self, night: int, deployment: str, parallel: int) -> float:
+    def multiplier(self, night: int, deployment: str, concurrency: int) -> float:
         if night < self.from_night or self.deployment not in (None, deployment) \
-                or self.parallel not in (None, parallel):
+                or self.concurrency not in (None, concurrency):
             return 1.0
         return self.factor * (1.0 + self.per_night * (night - self.from_night + 1))
 
 
-def _base(deployment: str, parallel: int) -> dict[str, float]:
+def _base(deployment: str, concurrency: int) -> dict[str, float]:
     """Noise-free metrics of one point, the blog's shape."""
     hisparse = deployment == HISPARSE
-    running = min(float(parallel), 22.0 if hisparse else 3.8)
+    running = min(float(concurrency), 22.0 if hisparse else 3.8)
     interactivity = (86.0 if hisparse else 88.0) * (0.4 + 0.6 / (1.0 + 0.04 * running))
     return {"interactivity_tok_s_user": interactivity,
             "total_tok_s_per_gpu": 1000.0 * running * interactivity / 86.0,
             "output_tok_s_per_gpu": 3.0 * running * interactivity / 8.0,
-            "mean_ttft_ms": 900.0 + 250.0 * max(0.0, parallel - running),
+            "mean_ttft_ms": 900.0 + 250.0 * max(0.0, concurrency - running),
             "occupancy_mean_running": running,
             "mtp_acceptance_length": 2.62 if hisparse else 2.58}
 
@@ -68,19 +68,19 @@ def synthetic_night(index: int, *, rng: np.random.Generator, noise: float = 0.03
     started = (_START + timedelta(days=index - 1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     rows = []
     for dep in deployments:
-        for parallel in parallels:
+        for concurrency in parallels:
             values = {}
-            for metric, value in _base(dep, parallel).items():
+            for metric, value in _base(dep, concurrency).items():
                 for change in changes:
                     if change.metric == metric:
-                        value *= change.multiplier(index, dep, parallel)
+                        value *= change.multiplier(index, dep, concurrency)
                 values[metric] = float(value * (1.0 + noise * _NOISE_SCALE.get(metric, 1.0) * rng.standard_normal()))
-            is_failed = (dep, parallel) in failed
+            is_failed = (dep, concurrency) in failed
             rows.append(NightRow(
-                run_id=night_id, deployment=dep, parallel=parallel, number=max(2, parallel),
+                run_id=night_id, deployment=dep, concurrency=concurrency, conversations=max(2, concurrency),
                 status="failed" if is_failed else "ok", reason="server died" if is_failed else None,
-                simulated=simulated, gpu_model=gpu_model, gpus_per_server=8, total_requests=13 * parallel,
-                success_requests=0 if is_failed else 13 * parallel, failed_requests=0,
+                simulated=simulated, gpu_model=gpu_model, gpus_per_server=8, total_requests=13 * concurrency,
+                success_requests=0 if is_failed else 13 * concurrency, failed_requests=0,
                 **({} if is_failed else values)))
     deps = {d: DeploymentFacts(vllm_version="0.33.0", vllm_commit=vllm_commit,
                                hisparse_requested=d == HISPARSE,

@@ -210,7 +210,7 @@ def test_sweep_with_hisparse_on_cpu_is_refused_before_any_server_starts(tmp_path
 name: refused
 dataset: {ROOT}/datasets/cpu-tiny.yaml
 gpus_per_server: 1
-client: {{max_tokens: 8, points: [{{parallel: 1, number: 1}}]}}
+client: {{max_tokens: 8, points: [{{concurrency: 1, conversations: 1}}]}}
 deployments: [{{name: hs, launch: {launch}}}]
 """)
     done = subprocess.run([sys.executable, "-m", "harness", "sweep", str(sweep), "--run-id", "r",

@@ -85,7 +85,7 @@ def test_calibrate_refuses_a_simulated_run(tmp_path):
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({
         "name": "refuse", "dataset": str(ROOT / "datasets/sim-sample.yaml"), "gpus_per_server": 8,
-        "client": {"model": "glm-agentx", "max_tokens": 8, "points": [{"parallel": 1, "number": 1}]},
+        "client": {"model": "glm-agentx", "max_tokens": 8, "points": [{"concurrency": 1, "conversations": 1}]},
         "deployments": [{"name": "offload", "launch": str(ROOT / "launch/sim-offload.yaml")}]}))
     done = harness_cli("simulate", str(sweep), "--results-dir", str(tmp_path / "results"), "--run-id", "sim",
                        "--no-report")
@@ -101,8 +101,8 @@ def test_validation_figure_sits_beside_the_pareto_in_the_report(tmp_path):
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({
         "name": "fig", "dataset": str(ROOT / "datasets/sim-sample.yaml"), "gpus_per_server": 8,
-        "client": {"model": "glm-agentx", "max_tokens": 8, "points": [{"parallel": 1, "number": 1},
-                                                                       {"parallel": 2, "number": 2}]},
+        "client": {"model": "glm-agentx", "max_tokens": 8, "points": [{"concurrency": 1, "conversations": 1},
+                                                                       {"concurrency": 2, "conversations": 2}]},
         "deployments": [{"name": "offload", "launch": str(ROOT / "launch/sim-offload.yaml")}]}))
     assert harness_cli("simulate", str(sweep), "--results-dir", str(tmp_path / "results"), "--run-id", "v",
                        "--no-report").returncode == 0
@@ -204,7 +204,7 @@ def test_pending_page_transfers_follow_the_hot_buffer_misses():
             text.render().decode()
 
     shapes = [ConversationShape(key=i, turn_tokens=(3000, 200)) for i in range(6)]
-    run_point(engine, shapes, parallel=6, number=6, max_tokens=64, start_s=0.0, scrape_interval_s=0.01,
+    run_point(engine, shapes, concurrency=6, conversations=6, max_tokens=64, start_s=0.0, scrape_interval_s=0.01,
               on_scrape=scrape)
     assert engine.counters.hisparse_spills > 0  # the pool was too small: some requests went mixed
     assert max(seen) > 0

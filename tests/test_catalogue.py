@@ -28,7 +28,7 @@ from harness.nightly.thresholds import METRIC_BETTER
 from harness.records import PointMetrics, PointRecord, RunManifest
 from harness.report.compare import METRICS
 from harness.summary import point_row, summary_columns, undocumented_columns
-record = PointRecord(deployment="d", parallel=1, number=1, dataset_offset=0, status="ok", gpus_per_server=8,
+record = PointRecord(deployment="d", concurrency=1, conversations=1, dataset_offset=0, status="ok", gpus_per_server=8,
                      metrics=PointMetrics(energy_j_per_token=0.42))
 row = point_row(record, RunManifest(run_id="r", sweep_name="s", sweep_path="s.yaml", gpus_per_server=8))
 print("csv", row["energy_j_per_token"], [c[0] for c in summary_columns()].index("energy_j_per_token") > 0)

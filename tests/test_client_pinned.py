@@ -30,7 +30,7 @@ def _run(tmp_path: Path, evalscope: str) -> tuple[PointRecord, str]:
     report = subprocess.run([sys.executable, "-m", "harness", "report", str(run)], capture_output=True, text=True,
                             timeout=300, cwd=ROOT)
     assert report.returncode == 0, report.stderr[-2000:]
-    point = PointRecord.model_validate_json((run / "points/glm/p2/point.json").read_bytes())
+    point = PointRecord.model_validate_json((run / "points/glm/c2/point.json").read_bytes())
     return point, (run / "report.md").read_text()
 
 

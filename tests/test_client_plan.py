@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def client(**kw) -> ClientSettings:
-    return ClientSettings.model_validate({"max_tokens": 8, "points": [{"parallel": 1, "number": 1}], **kw})
+    return ClientSettings.model_validate({"max_tokens": 8, "points": [{"concurrency": 1, "conversations": 1}], **kw})
 
 
 def test_a_pinned_release_runs_from_its_own_environment(tmp_path):

@@ -95,7 +95,7 @@ def test_reference_json_round_trip(results, tmp_path):
 
 def test_higher_ttft_and_a_newly_failed_point_are_regressions(results):
     run = results / "same"
-    point = read_point(run / "points" / HISPARSE / "p8" / "point.json")
+    point = read_point(run / "points" / HISPARSE / "c8" / "point.json")
     point.metrics.mean_ttft_ms *= 1.3
     atomic_write_json(run / "points" / point.deployment / point.point_id / "point.json", point)
     make_run(results, "broken", failed_point=(HISPARSE, 32))

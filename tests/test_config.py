@@ -80,7 +80,7 @@ conversations: 8
 """
 
 
-def _sweep(launch: str = "l.yaml", points: str = "points: [{parallel: 1, number: 2}]") -> str:
+def _sweep(launch: str = "l.yaml", points: str = "points: [{concurrency: 1, conversations: 2}]") -> str:
     return f"""
 name: s
 dataset: r.yaml
@@ -138,7 +138,7 @@ def test_negative_pool_size(tmp_path):
 
 def test_unequal_point_lists(tmp_path):
     msg = _error(_write(tmp_path, sweep=_sweep(points="parallel: [1, 8]\n  number: [4, 16, 32]")))
-    assert "s.yaml: client:" in msg and "parallel has 2 values but number has 3" in msg
+    assert "s.yaml: client:" in msg and "concurrency has 2 values but conversations has 3" in msg
 
 
 @pytest.mark.parametrize("snippet,field,words", [
@@ -163,7 +163,7 @@ def test_hisparse_on_a_build_older_than_030(tmp_path):
 
 
 def test_duplicate_concurrency(tmp_path):
-    msg = _error(_write(tmp_path, sweep=_sweep(points="points: [{parallel: 2, number: 2}, {parallel: 2, number: 4}]")))
+    msg = _error(_write(tmp_path, sweep=_sweep(points="points: [{concurrency: 2, conversations: 2}, {concurrency: 2, conversations: 4}]")))
     assert "s.yaml: client:" in msg and "concurrency 2 appears in two points" in msg
 
 
@@ -205,8 +205,8 @@ def test_cli_usage_errors_exit_2():
 
 yaml_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
                          st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20))
-KEYS = ["name", "dataset", "gpus_per_server", "client", "deployments", "scrape", "points", "parallel",
-        "number", "max_tokens", "launch", "engine", "serve", "kv", "hisparse", "host_pool_gib", "model",
+KEYS = ["name", "dataset", "gpus_per_server", "client", "deployments", "scrape", "points", "concurrency",
+        "conversations", "max_tokens", "launch", "engine", "serve", "kv", "hisparse", "host_pool_gib", "model",
         "extends", "build", "vllm", "speculative", "on_point_failure", "x"]
 yaml_values = st.recursive(
     yaml_scalars,
@@ -231,3 +231,13 @@ def test_random_documents_load_or_raise_config_error(tmp_path, doc, raw, text):
             loader(tmp_path / name)
         except ConfigError as exc:
             assert "\n" not in str(exc)
+
+
+def test_evalscopes_names_for_points_are_still_read_and_said_to_be_old(tmp_path, capsys):
+    """`parallel`/`number` (EvalScope's flags) were the config's names for concurrency and conversations."""
+    path = _write(tmp_path, sweep=_sweep(points="points: [{parallel: 2, number: 4}]"))
+    loaded = load_sweep(path)
+    assert [(p.concurrency, p.conversations) for p in loaded.sweep.client.point_list] == [(2, 4)]
+    err = capsys.readouterr().err
+    assert "deprecated: client.points: `parallel` is now `concurrency`" in err
+    assert "deprecated: client.points: `number` is now `conversations`" in err

@@ -42,12 +42,12 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
     records = {}
     for path in run_dir.glob("points/*/p*/point.json"):
         record = PointRecord.model_validate_json(path.read_bytes())
-        records[(record.deployment, record.parallel)] = record
+        records[(record.deployment, record.concurrency)] = record
     assert sorted(records) == [(d, c) for d in ("cpu-baseline", "cpu-pressured") for c in CONCURRENCIES]
     for key, record in records.items():
         assert record.status == "ok", (key, record.reason)
         assert not record.simulated
-        assert record.summary.success_requests == record.number * 3  # three turns per conversation
+        assert record.summary.success_requests == record.conversations * 3  # three turns per conversation
         m = record.metrics
         # the engine's batch from its counters, whenever the scrapes landed (docs/metrics.md)
         assert m.decode_batch_mean is not None and 0 < m.decode_batch_mean <= key[1], (key, m.decode_batch_mean)
@@ -57,7 +57,7 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
         assert record.requests.succeeded == record.summary.success_requests, key
         assert record.requests.tpot_ms == pytest.approx(m.mean_tpot_ms, abs=0.006), key
         assert m.scrapes_ok > 0
-        names = family_names(run_dir / f"points/{record.deployment}/p{record.parallel}/scrapes.jsonl")
+        names = family_names(run_dir / f"points/{record.deployment}/p{record.concurrency}/scrapes.jsonl")
         for family in REQUIRED_FAMILIES:
             assert any(n == family or n.startswith(family + "_") for n in names), (key, family)
 

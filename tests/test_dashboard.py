@@ -39,7 +39,7 @@ def _history(root: Path) -> NightStore:
     report.write_text("# night report\n")
     figure = root / "pareto.svg"
     figure.write_text('<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>')
-    changes = [Change("interactivity_tok_s_user", 5, per_night=-0.02, deployment=HISPARSE, parallel=16),
+    changes = [Change("interactivity_tok_s_user", 5, per_night=-0.02, deployment=HISPARSE, concurrency=16),
                Change("total_tok_s_per_gpu", 9, factor=0.85, deployment=OFFLOAD)]
     for night in synthetic_history(12, changes=changes):
         store.add(night, report=report, figures=[figure])

@@ -23,7 +23,7 @@ def test_an_arm_that_ignores_hisparse_is_refused_and_one_that_runs_it_shows_its_
     assert points[("hisparse-on", 1)].status == "ok"
     off = points[("hisparse-off", 1)]
     assert off.status == "failed" and off.reason.startswith("HiSparse requested but not active")
-    assert not (run / "points/hisparse-off/p1/evalscope").exists()  # the point never ran
+    assert not (run / "points/hisparse-off/c1/evalscope").exists()  # the point never ran
     manifest = json.loads((run / "manifest.json").read_text())
     on, refused = manifest["deployments"]["hisparse-on"]["evidence"], manifest["deployments"]["hisparse-off"]["evidence"]
     assert on["hisparse_active"] is True and on["logged_concurrency_tokens"] == 8192

@@ -45,7 +45,7 @@ name: fetched-cpu
 dataset: recipe.yaml
 gpus_per_server: 1
 client: {model: tiny-llama, max_tokens: 16, extra_args: {ignore_eos: true}, dataset_offset: 0,
-         points: [{parallel: 1, number: 2}], timeout_s: 300}
+         points: [{concurrency: 1, conversations: 2}], timeout_s: 300}
 scrape: {interval_s: 0.5}
 deployments: [{name: cpu-fetched, launch: arm.yaml}]
 """)
@@ -60,7 +60,7 @@ deployments: [{name: cpu-fetched, launch: arm.yaml}]
     command = (run_dir / "deployments/cpu-fetched/command.txt").read_text()
     assert f"vllm.entrypoints.openai.api_server --model {snapshot} " in command, command
     assert "--served-model-name tiny-llama" in command
-    point = json.loads((run_dir / "points/cpu-fetched/p1/point.json").read_text())
+    point = json.loads((run_dir / "points/cpu-fetched/c1/point.json").read_text())
     assert point["status"] == "ok" and point["summary"]["success_requests"] == 4, point["reason"]
     weights = json.loads((run_dir / "manifest.json").read_text())["deployments"]["cpu-fetched"]["weights"]
     assert weights["revision_sha"] == COMMIT and weights["nodes"] == {"local": str(snapshot)}

@@ -102,7 +102,7 @@ assumed_output_length: 32
 name: fetched
 dataset: recipe.yaml
 gpus_per_server: 1
-client: {max_tokens: 32, extra_args: {ignore_eos: true}, dataset_offset: 0, points: [{parallel: 1, number: 2}]}
+client: {max_tokens: 32, extra_args: {ignore_eos: true}, dataset_offset: 0, points: [{concurrency: 1, conversations: 2}]}
 scrape: {interval_s: 0.5}
 deployments:
   - {name: arm-hf, launch: arm-hf.yaml}
@@ -183,7 +183,7 @@ def test_sweep_servers_start_from_their_nodes_copy(cluster):
         assert f"stub vllm: serving {local}" in (run_dir / "deployments" / dep / "server.log").read_text()
         preflight = json.loads((run_dir / "deployments" / dep / "preflight.json").read_text())
         assert preflight["problems"] == [] and len(preflight["weights_disk"]) == 2
-        point = json.loads((run_dir / "points" / dep / "p1" / "point.json").read_text())
+        point = json.loads((run_dir / "points" / dep / "c1" / "point.json").read_text())
         assert point["status"] == "ok", point["reason"]
         nodes_used.add(record["node"])
     assert len(nodes_used) == 2  # one arm per node, each from that node's cache

@@ -51,7 +51,7 @@ def test_non_editable_install_runs_a_sweep_and_calc_from_elsewhere(tmp_path):
     sweep = workdir / "sim-2pt.yaml"
     sweep.write_text((ROOT / "sweeps" / "sim.yaml").read_text()
                      .replace("../datasets/", f"{ROOT}/datasets/").replace("../launch/", f"{ROOT}/launch/")
-                     .replace("    - {parallel: 4, number: 8}\n", "").replace("    - {parallel: 8, number: 16}\n", ""))
+                     .replace("    - {concurrency: 4, conversations: 8}\n", "").replace("    - {concurrency: 8, conversations: 16}\n", ""))
     done = subprocess.run([str(python), "-m", "harness", "sweep", str(sweep), "--launcher", "local",
                            "--run-id", "installed"], cwd=workdir, capture_output=True, text=True, env=env,
                           timeout=900)

@@ -81,7 +81,7 @@ def test_scrape_once_errors_are_one_line(server):
 
 @pytest.mark.timeout(60)
 def test_start_and_stop_scrapes_and_stop_is_prompt(server, tmp_path):
-    out = tmp_path / "p8" / "scrapes.jsonl"
+    out = tmp_path / "c8" / "scrapes.jsonl"
     scraper = Scraper(server.url, out, interval_s=NEVER, keep_prefixes=["vllm:"], timeout_s=5)
     scraper.start()
     # stop() must not wait out the hour-long interval (the test timeout would fire)

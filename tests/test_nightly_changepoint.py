@@ -11,7 +11,7 @@ from synthetic_nights import HISPARSE, Change, synthetic_history
 
 from harness.nightly.changepoint import DetectorSettings, detect_changes, grouped, history_change_points
 
-DRIFT = Change("interactivity_tok_s_user", 5, per_night=-0.02, deployment=HISPARSE, parallel=16)
+DRIFT = Change("interactivity_tok_s_user", 5, per_night=-0.02, deployment=HISPARSE, concurrency=16)
 
 
 def _drift_series(seed: int, start: int = 5, nights: int = 12, rate: float = 0.02, noise: float = 0.03):
@@ -23,7 +23,7 @@ def _drift_series(seed: int, start: int = 5, nights: int = 12, rate: float = 0.0
 def test_a_two_percent_nightly_drift_from_night_5_is_found_on_its_series_only() -> None:
     nights = synthetic_history(12, seed=0, changes=[DRIFT])
     [change] = history_change_points(nights)
-    assert (change.deployment, change.parallel, change.metric, change.kind, change.worse) == \
+    assert (change.deployment, change.concurrency, change.metric, change.kind, change.worse) == \
         (HISPARSE, 16, "interactivity_tok_s_user", "drift", True)
     ids = [n.night_id for n in nights]
     first, earliest, latest = (ids.index(x) + 1 for x in (change.night_id, change.earliest_night,
@@ -41,7 +41,7 @@ def test_without_noise_the_drift_is_placed_exactly_at_night_5() -> None:
 
 
 def test_a_fifteen_percent_step_at_night_5_is_named_exactly() -> None:
-    step = Change("total_tok_s_per_gpu", 5, factor=0.85, deployment=HISPARSE, parallel=32)
+    step = Change("total_tok_s_per_gpu", 5, factor=0.85, deployment=HISPARSE, concurrency=32)
     nights = synthetic_history(12, seed=0, changes=[step])
     [change] = history_change_points(nights)
     assert (change.night_id, change.kind, change.metric) == (nights[4].night_id, "step", "total_tok_s_per_gpu")
@@ -143,7 +143,7 @@ def test_one_change_seen_at_every_point_of_an_arm_reads_as_one_line() -> None:
     step = Change("total_tok_s_per_gpu", 6, factor=0.85, deployment=HISPARSE)  # every point of the arm
     nights = synthetic_history(12, seed=1, noise=0.01, changes=[step])
     changes = history_change_points(nights)
-    assert sorted(c.parallel for c in changes) == [1, 16, 32]
+    assert sorted(c.concurrency for c in changes) == [1, 16, 32]
     [group] = grouped(changes)
     assert group.night_id == nights[5].night_id and len(group.members) == 3
     assert group.text.startswith(f"{HISPARSE} c1, c16, c32: step from {nights[5].night_id}: total_tok_s_per_gpu -1")

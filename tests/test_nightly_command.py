@@ -49,7 +49,7 @@ def test_the_nightly_section_of_a_sweep_file_sets_the_gate_and_is_checked_when_i
     # what a rule may gate stays in step with summary.csv: its numeric metric columns (the catalogue's),
     # not the point's identity or clock times
     numeric = {c.name for c in COLUMNS if c.kind in ("float", "int")}
-    assert GATEABLE_METRICS == numeric - {"started_unix_s", "ended_unix_s", "wall_s", "parallel", "number",
+    assert GATEABLE_METRICS == numeric - {"started_unix_s", "ended_unix_s", "wall_s", "concurrency", "conversations",
                                           "dataset_offset", "gpus_per_server", "attempt"}
 
 

@@ -211,7 +211,7 @@ def test_a_slow_drift_is_dated_by_the_change_points_while_the_gate_sees_it_late(
     answers = {}
     for dep in PROFILES:
         mine = [c for c in changes if c.deployment == dep]
-        assert sorted(c.parallel for c in mine) == [1, 4, 8], changes  # every point of the arm
+        assert sorted(c.concurrency for c in mine) == [1, 4, 8], changes  # every point of the arm
         for c in mine:
             named, earliest, latest = night_no[c.night_id], night_no[c.earliest_night], night_no[c.latest_night]
             assert c.worse and c.relative_change < -0.08
@@ -234,7 +234,7 @@ def _harness(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProc
 
 @pytest.mark.slow
 def test_a_night_through_servers_and_evalscope_then_a_server_that_never_starts(tmp_path: Path) -> None:
-    nights = Nights(tmp_path, points=[{"parallel": 2, "number": 2}])
+    nights = Nights(tmp_path, points=[{"concurrency": 2, "conversations": 2}])
     summary = tmp_path / "summary.md"
     nights.profiles(run_seed=1)
     started = time.monotonic()
@@ -245,7 +245,7 @@ def test_a_night_through_servers_and_evalscope_then_a_server_that_never_starts(t
     assert "first night" in first.stdout and summary.read_text().startswith("## Nightly gate: PASS (served-n01)")
     night = NightStore(nights.store).get("served-n01")
     assert night.simulated and not night.virtual_time  # served by serve-sim, measured by EvalScope
-    assert [(r.deployment, r.parallel, r.status, r.total_requests) for r in night.rows] == \
+    assert [(r.deployment, r.concurrency, r.status, r.total_requests) for r in night.rows] == \
         [(HISPARSE, 2, "ok", 2 * 4), (OFFLOAD, 2, "ok", 2 * 4)]  # 2 conversations x 4 turns each
     assert night.report_path and night.figure_paths
     assert (nights.store / night.report_path).is_file()

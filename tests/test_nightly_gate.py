@@ -26,14 +26,14 @@ def test_a_clean_history_passes_against_the_median_of_the_last_seven_nights() ->
 
 
 def test_fifteen_percent_slower_from_night_8_trips_the_gate_naming_the_point_and_metric() -> None:
-    slow = Change("interactivity_tok_s_user", 8, factor=0.85, deployment=HISPARSE, parallel=16)
+    slow = Change("interactivity_tok_s_user", 8, factor=0.85, deployment=HISPARSE, concurrency=16)
     nights = synthetic_history(12, changes=[slow])
     results = gate_history(nights)
     assert [r.outcome for r in results[:7]] == ["pass"] * 7
     night8 = results[7]
     assert (night8.outcome, night8.exit_code) == ("regression", 1)
     [finding] = night8.findings
-    assert (finding.deployment, finding.parallel, finding.metric, finding.reason) == \
+    assert (finding.deployment, finding.concurrency, finding.metric, finding.reason) == \
         (HISPARSE, 16, "interactivity_tok_s_user", "threshold")
     assert finding.threshold == ">= 0.90x baseline"
     assert finding.ratio == pytest.approx(finding.value / finding.baseline)
@@ -51,7 +51,7 @@ def test_a_missing_arm_or_point_is_a_regression_with_its_reason() -> None:
     tonight = synthetic_night(9, rng=np.random.default_rng(1), deployments=(HISPARSE,), parallels=(1, 16))
     result = gate_night(tonight, nights)
     assert result.exit_code == 1
-    reasons = {(f.deployment, f.parallel, f.reason) for f in result.findings}
+    reasons = {(f.deployment, f.concurrency, f.reason) for f in result.findings}
     assert reasons == {(OFFLOAD, None, "deployment_missing"), (HISPARSE, 32, "point_missing")}
 
 
@@ -110,14 +110,14 @@ def test_failed_degraded_and_hisparse_off_need_no_baseline() -> None:
     failed = synthetic_night(1, rng=rng, failed=[(OFFLOAD, 32)])
     result = gate_night(failed, [])
     assert result.exit_code == 1
-    assert [(f.deployment, f.parallel, f.reason) for f in result.findings] == [(OFFLOAD, 32, "point_failed")]
+    assert [(f.deployment, f.concurrency, f.reason) for f in result.findings] == [(OFFLOAD, 32, "point_failed")]
     assert "server died" in result.findings[0].detail
     degraded = synthetic_night(2, rng=rng)
     row = degraded.row(HISPARSE, 16)
     rows = [r if r is not row else row.model_copy(update={"failed_requests": 3, "status": "degraded"})
             for r in degraded.rows]
     result = gate_night(degraded.model_copy(update={"rows": rows}), [])
-    assert [(f.parallel, f.reason, f.value) for f in result.findings] == [(16, "point_degraded", 3.0)]
+    assert [(f.concurrency, f.reason, f.value) for f in result.findings] == [(16, "point_degraded", 3.0)]
     off = gate_night(synthetic_night(3, rng=rng, hisparse_active=False), [])
     assert [(f.deployment, f.reason) for f in off.findings] == [(HISPARSE, "hisparse_inactive")]
     unknown = gate_night(synthetic_night(4, rng=rng, hisparse_active=None), [])
@@ -141,7 +141,7 @@ def test_a_version_changed_since_the_last_good_night_is_named_as_the_likely_caus
 
 
 def test_thresholds_are_overridable_per_metric_and_checked() -> None:
-    slow = Change("interactivity_tok_s_user", 8, factor=0.85, deployment=HISPARSE, parallel=16)
+    slow = Change("interactivity_tok_s_user", 8, factor=0.85, deployment=HISPARSE, concurrency=16)
     nights = synthetic_history(8, changes=[slow])
     looser = NightlySettings.model_validate({"thresholds": {"interactivity_tok_s_user": {"min_ratio": 0.8}}})
     assert gate_night(nights[-1], nights[:-1], looser).exit_code == 0

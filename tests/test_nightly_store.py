@@ -104,7 +104,7 @@ def test_night_from_run_reads_rows_provenance_and_evidence(tmp_path: Path) -> No
     assert night.row(OFFLOAD, 16).status == "failed" and night.value(OFFLOAD, 16, "total_tok_s_per_gpu") is None
     value = night.value(HISPARSE, 16, "interactivity_tok_s_user")
     assert isinstance(value, float) and value > 0
-    assert isinstance(night.row(HISPARSE, 16).parallel, int)
+    assert isinstance(night.row(HISPARSE, 16).concurrency, int)
     # round trip through the store keeps it equal
     store = NightStore(tmp_path / "history")
     store.add(night)

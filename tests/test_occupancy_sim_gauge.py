@@ -85,7 +85,7 @@ async def _conversation(session: aiohttp.ClientSession, url: str, key: int, turn
         messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": LATER_TURN}]
 
 
-async def _point(server: SimServer, *, parallel: int, conversations: int, turns: int) -> list[Scrape]:
+async def _point(server: SimServer, *, concurrency: int, conversations: int, turns: int) -> list[Scrape]:
     """One point against the server over HTTP on 127.0.0.1, scraped every 3-10 ms meanwhile."""
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     await runner.setup()
@@ -112,7 +112,7 @@ async def _point(server: SimServer, *, parallel: int, conversations: int, turns:
                     await _conversation(session, url, queue.pop(0), turns)
 
             scraping = asyncio.create_task(scraper())
-            await asyncio.gather(*(worker() for _ in range(parallel)))
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
             await asyncio.sleep(0.05)  # a few idle scrapes after the last step
             done.set()
             await scraping
@@ -147,7 +147,7 @@ def _server() -> SimServer:
 
 def test_running_gauge_equals_the_step_record_at_every_scrape() -> None:
     server = _server()
-    scrapes, records = _run_point(server, parallel=3, conversations=6, turns=3)
+    scrapes, records = _run_point(server, concurrency=3, conversations=6, turns=3)
     busy = [s for s in scrapes if s.running > 0]
     assert len(scrapes) > 100 and len(busy) > 50, (len(scrapes), len(busy))
     assert _mismatches(scrapes, records) == []
@@ -165,7 +165,7 @@ def test_the_check_catches_a_gauge_that_shows_the_step_in_flight() -> None:
     """The server as it was before: /metrics read the running queue as the step in flight left it."""
     server = _server()
     server.metrics = MetricsText(server.engine, server.model_name)  # live: engine.gauges()
-    scrapes, records = _run_point(server, parallel=3, conversations=3, turns=2)
+    scrapes, records = _run_point(server, concurrency=3, conversations=3, turns=2)
     assert len(_mismatches(scrapes, records)) >= 3
 
 

@@ -89,7 +89,7 @@ def test_vllm_servers_keep_idle_connections_longer_than_the_client(tmp_path):
                                        "env: {VLLM_HTTP_TIMEOUT_KEEP_ALIVE: '300'}\n")
     (tmp_path / "sweep.yaml").write_text(
         f"name: own\ndataset: {ROOT / 'datasets/cpu-tiny.yaml'}\ngpus_per_server: 1\n"
-        "client: {model: tiny-llama, max_tokens: 16, points: [{parallel: 1, number: 1}]}\n"
+        "client: {model: tiny-llama, max_tokens: 16, points: [{concurrency: 1, conversations: 1}]}\n"
         "deployments: [{name: own, launch: own.yaml}]\n")
     out = subprocess.run([sys.executable, "-m", "harness", "plan", str(tmp_path / "sweep.yaml"), "--json"],
                          cwd=ROOT, capture_output=True, text=True)

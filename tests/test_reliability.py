@@ -71,7 +71,7 @@ def test_sigint_with_arms_in_parallel_stops_everything_and_ships_logs(tmp_path, 
     try:
         def both_points_running() -> bool:
             clients.update(descendants(proc.pid))
-            return all(any((run_dir / f"points/{arm}/p1/evalscope").glob("attempt-*/evalscope.log"))
+            return all(any((run_dir / f"points/{arm}/c1/evalscope").glob("attempt-*/evalscope.log"))
                        for arm in ("arm-a", "arm-b"))
         assert wait_for(both_points_running, 240), "the two arms never ran at once: " + out_path.read_text()[-3000:]
         time.sleep(1.0)
@@ -159,7 +159,7 @@ def test_a_sweep_started_with_sigint_ignored_still_stops_on_sigint(tmp_path):
     proc = subprocess.Popen(sweep_argv(sweep, "ig"), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
-        assert wait_for(lambda: any((tmp_path / "results/ig/points/hs/p1/evalscope").glob("attempt-*")), 180)
+        assert wait_for(lambda: any((tmp_path / "results/ig/points/hs/c1/evalscope").glob("attempt-*")), 180)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     finally:

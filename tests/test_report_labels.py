@@ -26,10 +26,10 @@ CLUSTER = {
 
 
 def _frame(arms: dict[str, list[tuple[int, float, float]]]) -> pd.DataFrame:
-    rows = [{"run_id": "run", "deployment": dep, "parallel": c, "status": "ok", "simulated": True,
+    rows = [{"run_id": "run", "deployment": dep, "concurrency": c, "status": "ok", "simulated": True,
              "gpu_model": "H200", "gpus_per_server": 8, "total_tok_s_per_gpu": x, "interactivity_tok_s_user": y}
             for dep, points in arms.items() for c, x, y in points]
-    return pd.DataFrame(rows).astype({"simulated": "boolean", "parallel": "Int64", "gpus_per_server": "Int64"})
+    return pd.DataFrame(rows).astype({"simulated": "boolean", "concurrency": "Int64", "gpus_per_server": "Int64"})
 
 
 def _drawn_labels(fig):

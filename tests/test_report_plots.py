@@ -60,7 +60,7 @@ def test_pareto_has_one_line_per_deployment_in_concurrency_order(tmp_path):
     assert set(lines) == {HISPARSE, OFFLOAD}
     assert len(lines[HISPARSE].get_xdata()) == len(POINTS)
     assert len(lines[OFFLOAD].get_xdata()) == len(POINTS) - 1  # the failed point is not drawn
-    expected = df[(df.deployment == HISPARSE)].sort_values("parallel")
+    expected = df[(df.deployment == HISPARSE)].sort_values("concurrency")
     assert list(lines[HISPARSE].get_xdata()) == pytest.approx(expected.total_tok_s_per_gpu.tolist())
     assert list(lines[HISPARSE].get_ydata()) == pytest.approx(expected.interactivity_tok_s_user.tolist())
     assert lines[HISPARSE].get_color() != lines[OFFLOAD].get_color()
@@ -122,7 +122,7 @@ def test_acceptance_figure_only_where_speculation_ran(tmp_path):
 def test_timeline_joins_points_and_survives_a_restart_and_a_failed_scrape(tmp_path):
     run = make_run(tmp_path, restart_at=(HISPARSE, 16), scrape_error_at=(HISPARSE, 8))
     timeline = load_timeline(run, HISPARSE)
-    assert [w.parallel for w in timeline.windows] == [c for c, _ in POINTS]
+    assert [w.concurrency for w in timeline.windows] == [c for c, _ in POINTS]
     assert timeline.windows[0].start_s == 0.0
     assert len(timeline.counter_resets_t_s) == 1
     reset = timeline.counter_resets_t_s[0]

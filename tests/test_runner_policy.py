@@ -44,7 +44,7 @@ on_point_failure: {policy}
 max_point_retries: {retries}
 retry_cache: {retry_cache}
 max_failed_requests: {max_failed}
-client: {{max_tokens: 8, points: [{{parallel: 1, number: 1}}, {{parallel: 2, number: 2}}, {{parallel: 4, number: 2}}]}}
+client: {{max_tokens: 8, points: [{{concurrency: 1, conversations: 1}}, {{concurrency: 2, conversations: 2}}, {{concurrency: 4, conversations: 2}}]}}
 scrape: {{interval_s: 0.2}}
 deployments:
 {deployments}
@@ -66,7 +66,7 @@ def test_everything_ok_is_status_ok(tmp_path):
     outcome = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator())
     assert (outcome.ok, outcome.failed, outcome.status) == (6, 0, "ok")
     manifest = read_manifest(outcome.run_dir)
-    assert manifest.schema_version == 2 and manifest.status == "ok"
+    assert manifest.schema_version == 3 and manifest.status == "ok"
     assert all(s == "ok" for by_point in manifest.points.values() for s in by_point.values())
 
 
@@ -74,9 +74,9 @@ def test_a_failed_attempt_is_retried_and_the_retry_recorded(tmp_path):
     loadgen = FakeLoadGenerator(outcome=lambda name, attempt: "fail" if name == "a-c2" and attempt == 1 else "ok")
     outcome = sweep(tmp_path, FakeLauncher(), loadgen, retries=1)
     assert outcome.status == "ok" and loadgen.calls.count("a-c2") == 2
-    point = next(p for p in iter_points(outcome.run_dir) if (p.deployment, p.parallel) == ("a", 2))
+    point = next(p for p in iter_points(outcome.run_dir) if (p.deployment, p.concurrency) == ("a", 2))
     assert point.status == "ok" and point.attempt == 2
-    assert (outcome.run_dir / "points/a/p2/evalscope/attempt-1/evalscope.log").exists()
+    assert (outcome.run_dir / "points/a/c2/evalscope/attempt-1/evalscope.log").exists()
 
 
 def test_a_retry_restarts_the_server_so_its_prefix_cache_is_cold(tmp_path):
@@ -84,7 +84,7 @@ def test_a_retry_restarts_the_server_so_its_prefix_cache_is_cold(tmp_path):
     launcher = FakeLauncher()
     outcome = sweep(tmp_path, launcher, loadgen, retries=1, arms=("a",))
     assert outcome.status == "ok" and launcher.started == ["a", "a"]  # the retry got a fresh server
-    points = {p.parallel: p for p in iter_points(outcome.run_dir)}
+    points = {p.concurrency: p for p in iter_points(outcome.run_dir)}
     assert points[2].retry == "restart" and points[2].server_restarted and points[2].dataset_offset == 1
     assert points[1].retry is None and not points[1].server_restarted
     assert not points[4].server_restarted  # ran on the server the retry started, but not after a restart
@@ -95,7 +95,7 @@ def test_a_retry_can_shift_to_conversations_no_attempt_sent(tmp_path):
     launcher = FakeLauncher()
     outcome = sweep(tmp_path, launcher, loadgen, retries=1, arms=("a",), retry_cache="shift")
     assert outcome.status == "ok" and launcher.started == ["a"]  # same server, other conversations
-    point = next(p for p in iter_points(outcome.run_dir) if p.parallel == 2)
+    point = next(p for p in iter_points(outcome.run_dir) if p.concurrency == 2)
     # the points read 0, 1..2, 3..4 of 1 + 2 + 2 planned; the retry starts after them
     assert point.retry == "shift" and point.dataset_offset == 5
     assert point.evalscope_command[point.evalscope_command.index("--dataset-offset") + 1] == "5"
@@ -107,7 +107,7 @@ def test_continue_records_the_failure_and_runs_the_rest(tmp_path):
     outcome = sweep(tmp_path, FakeLauncher(), loadgen)
     assert (outcome.ok, outcome.failed, outcome.status) == (5, 1, "failed")
     failed = [p for p in iter_points(outcome.run_dir) if p.status == "failed"]
-    assert [(p.deployment, p.parallel) for p in failed] == [("a", 2)]
+    assert [(p.deployment, p.concurrency) for p in failed] == [("a", 2)]
     assert "EvalScope exited with code 1" in failed[0].reason and failed[0].server_log_tail
 
 
@@ -115,8 +115,8 @@ def test_stop_ends_the_sweep_at_the_first_failure(tmp_path):
     loadgen = FakeLoadGenerator(outcome=lambda name, attempt: "fail" if name == "a-c2" else "ok")
     outcome = sweep(tmp_path, FakeLauncher(), loadgen, policy="stop")
     assert outcome.status == "stopped" and outcome.stopped_by_policy
-    assert statuses(outcome.run_dir) == {"a": {"p1": "ok", "p2": "failed", "p4": "pending"},
-                                         "b": {"p1": "pending", "p2": "pending", "p4": "pending"}}
+    assert statuses(outcome.run_dir) == {"a": {"c1": "ok", "c2": "failed", "c4": "pending"},
+                                         "b": {"c1": "pending", "c2": "pending", "c4": "pending"}}
 
 
 def test_stop_with_arms_in_parallel_stops_the_other_arm(tmp_path):
@@ -132,8 +132,8 @@ def test_stop_with_arms_in_parallel_stops_the_other_arm(tmp_path):
     outcome = sweep(tmp_path, launcher, FakeLoadGenerator(outcome=outcome_of), policy="stop")
     assert outcome.status == "stopped"
     points = statuses(outcome.run_dir)
-    assert points["a"] == {"p1": "failed", "p2": "pending", "p4": "pending"}
-    assert points["b"]["p4"] == "pending"
+    assert points["a"] == {"c1": "failed", "c2": "pending", "c4": "pending"}
+    assert points["b"]["c4"] == "pending"
 
 
 def test_a_server_that_never_starts_fails_its_points_and_the_sweep_goes_on(tmp_path):
@@ -159,11 +159,11 @@ def test_a_preflight_failure_under_stop_ends_as_stopped(tmp_path):
 def test_resume_skips_ok_points_and_reruns_the_rest(tmp_path):
     first = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator(outcome=lambda n, a: "fail" if n == "b-c4" else "ok"))
     assert first.status == "failed"
-    before = (first.run_dir / "points/a/p1/point.json").read_bytes()
+    before = (first.run_dir / "points/a/c1/point.json").read_bytes()
     loadgen = FakeLoadGenerator()
     again = sweep(tmp_path, FakeLauncher(), loadgen)
     assert (again.skipped, again.ok, again.status) == (5, 1, "ok") and loadgen.calls == ["b-c4"]
-    assert (again.run_dir / "points/a/p1/point.json").read_bytes() == before
+    assert (again.run_dir / "points/a/c1/point.json").read_bytes() == before
 
 
 def test_an_interrupt_leaves_the_point_pending_and_the_run_resumable(tmp_path):
@@ -173,8 +173,8 @@ def test_an_interrupt_leaves_the_point_pending_and_the_run_resumable(tmp_path):
         sweep(tmp_path, launcher, loadgen)
     run_dir = tmp_path / "results/r"
     manifest = read_manifest(run_dir)
-    assert manifest.status == "interrupted" and manifest.points["a"] == {"p1": "ok", "p2": "pending",
-                                                                          "p4": "pending"}
+    assert manifest.status == "interrupted" and manifest.points["a"] == {"c1": "ok", "c2": "pending",
+                                                                          "c4": "pending"}
     assert launcher.running() == []  # every server stopped on the way out
     again = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator())
     assert again.status == "ok" and again.skipped == 1
@@ -185,7 +185,7 @@ def test_failed_requests_mark_a_point_degraded_with_the_count(tmp_path):
     outcome = sweep(tmp_path, FakeLauncher(), loadgen, retries=2)
     assert (outcome.ok, outcome.degraded, outcome.status) == (5, 1, "degraded")
     assert loadgen.calls.count("b-c4") == 1  # degraded is a result, not a failure to retry
-    point = next(p for p in iter_points(outcome.run_dir) if p.parallel == 4 and p.deployment == "b")
+    point = next(p for p in iter_points(outcome.run_dir) if p.concurrency == 4 and p.deployment == "b")
     assert point.status == "degraded" and point.reason == "1 of 2 requests failed"
     again = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator())
     assert again.skipped == 6  # a degraded point ran to its end: a resume keeps it

@@ -104,7 +104,7 @@ def test_invariants_every_step_and_no_request_lost(launch):
     shapes = shapes_from_recipe(sample_recipe(), 24)
     now = 0.0
     for parallel, number in ((1, 2), (4, 8), (8, 16)):
-        run = run_point(checked, shapes, parallel=parallel, number=number, max_tokens=32, start_s=now)
+        run = run_point(checked, shapes, concurrency=parallel, conversations=number, max_tokens=32, start_s=now)
         assert len(run.requests) == number * 4 and all(r.ok for r in run.requests)
         assert all(r.output_tokens == 32 for r in run.requests)
         now = run.end_s
@@ -118,13 +118,13 @@ def test_invariants_every_step_and_no_request_lost(launch):
 def test_same_seed_same_virtual_results():
     def once():
         engine = launch_engine("sim-hisparse.yaml")
-        run = run_point(engine, shapes_from_recipe(sample_recipe(), 16), parallel=8, number=16, max_tokens=32,
+        run = run_point(engine, shapes_from_recipe(sample_recipe(), 16), concurrency=8, conversations=16, max_tokens=32,
                         start_s=0.0)
         return run.requests, dataclasses.asdict(engine.counters)
 
     assert once() == once()
     other_seed = launch_engine("sim-hisparse.yaml", seed=1)
-    run = run_point(other_seed, shapes_from_recipe(sample_recipe(), 16), parallel=8, number=16, max_tokens=32,
+    run = run_point(other_seed, shapes_from_recipe(sample_recipe(), 16), concurrency=8, conversations=16, max_tokens=32,
                     start_s=0.0)
     assert run.requests != once()[0]
 
@@ -132,7 +132,7 @@ def test_same_seed_same_virtual_results():
 def point(launch: str, parallel: int, number: int, shapes: list[ConversationShape], max_tokens: int):
     engine = launch_engine(launch)
     samples: list[int] = []
-    run = run_point(engine, shapes, parallel=parallel, number=number, max_tokens=max_tokens, start_s=0.0,
+    run = run_point(engine, shapes, concurrency=parallel, conversations=number, max_tokens=max_tokens, start_s=0.0,
                     scrape_interval_s=0.05, on_scrape=lambda _t: samples.append(len(engine.running)))
     from harness.simulate import evalscope_like_summary
 

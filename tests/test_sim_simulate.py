@@ -24,7 +24,7 @@ def write_sweep(tmp_path):
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     sweep = {"name": "sim-test", "dataset": "recipe.yaml", "gpus_per_server": 8,
              "client": {"model": "glm-agentx", "max_tokens": 32, "extra_args": {"ignore_eos": True},
-                        "points": [{"parallel": 1, "number": 2}, {"parallel": 8, "number": 16}]},
+                        "points": [{"concurrency": 1, "conversations": 2}, {"concurrency": 8, "conversations": 16}]},
              "scrape": {"interval_s": 0.2},
              "deployments": [{"name": "hisparse", "launch": str(REPO / "launch/sim-hisparse.yaml")},
                              {"name": "offload", "launch": str(REPO / "launch/sim-offload.yaml")}]}
@@ -43,15 +43,15 @@ def test_simulate_writes_a_simulated_run_folder(tmp_path):
     run = tmp_path / "results" / "v1"
     manifest = read_manifest(run)
     assert manifest.simulated and manifest.status == "ok"
-    assert manifest.points == {"hisparse": {"p1": "ok", "p8": "ok"}, "offload": {"p1": "ok", "p8": "ok"}}
+    assert manifest.points == {"hisparse": {"c1": "ok", "c8": "ok"}, "offload": {"c1": "ok", "c8": "ok"}}
     points = iter_points(run)
     assert len(points) == 4 and all(p.simulated and p.status == "ok" for p in points)
-    by = {(p.deployment, p.parallel): p for p in points}
+    by = {(p.deployment, p.concurrency): p for p in points}
     assert by[("hisparse", 8)].summary.success_requests == 16 * 4
     assert by[("hisparse", 8)].metrics.occupancy_mean_running > by[("offload", 8)].metrics.occupancy_mean_running
     assert by[("hisparse", 8)].metrics.hisparse_hit_rate is not None
     assert by[("offload", 8)].metrics.mtp_acceptance_length > 1
-    lines = (run / "points/hisparse/p8/scrapes.jsonl").read_text().splitlines()
+    lines = (run / "points/hisparse/c8/scrapes.jsonl").read_text().splitlines()
     names = {json.loads(line)["name"] for line in lines}
     assert "vllm:num_requests_running" in names and "vllm:hisparse_cache_hits_total" in names
     assert (run / "summary.csv").read_text().count("\n") == 5
@@ -116,7 +116,7 @@ def _c1_tpot_ms(tmp_path, run_id: str, sim_extra: dict) -> float:
     (tmp_path / f"{run_id}.yaml").write_text(yaml.safe_dump(profile))
     sweep = yaml.safe_load(write_sweep(tmp_path).read_text())
     sweep["deployments"] = [{"name": "hisparse", "launch": f"{run_id}.yaml"}]
-    sweep["client"]["points"] = [{"parallel": 1, "number": 2}]
+    sweep["client"]["points"] = [{"concurrency": 1, "conversations": 2}]
     (tmp_path / f"sweep-{run_id}.yaml").write_text(yaml.safe_dump(sweep))
     outcome = simulate_sweep(load_sweep(tmp_path / f"sweep-{run_id}.yaml"),
                              SimulateOptions(run_id=run_id, results_root=tmp_path / "results"), progress=lambda _m: None)

@@ -26,7 +26,7 @@ from harness.summary import (
 def test_columns_are_the_record_field_names():
     names = [name for name, _, _ in summary_columns()]
     assert len(names) == len(set(names))
-    assert names[:9] == ["run_id", "deployment", "parallel", "number", "dataset_offset", "status", "reason",
+    assert names[:9] == ["run_id", "deployment", "concurrency", "conversations", "dataset_offset", "status", "reason",
                          "failure", "simulated"]
     # every measured field has a column of the same name, so README and code cannot drift
     for field in list(PointMetrics.model_fields) + list(EvalScopeSummary.model_fields):
@@ -47,11 +47,11 @@ def test_summary_csv_round_trips_through_load_runs(tmp_path):
     loaded = load_runs([run])
     pd.testing.assert_frame_equal(loaded, summary_frame(run))
     assert len(loaded) == 8
-    failed = loaded[(loaded.deployment == OFFLOAD) & (loaded.parallel == 32)].iloc[0]
+    failed = loaded[(loaded.deployment == OFFLOAD) & (loaded.concurrency == 32)].iloc[0]
     assert failed.status == "failed" and "exited" in failed.reason
     assert pd.isna(failed.interactivity_tok_s_user) and failed.failed_requests == 64 * 13
-    ok = loaded[(loaded.deployment == HISPARSE) & (loaded.parallel == 8)].iloc[0]
-    point = read_point(run / "points" / HISPARSE / "p8" / "point.json")
+    ok = loaded[(loaded.deployment == HISPARSE) & (loaded.concurrency == 8)].iloc[0]
+    point = read_point(run / "points" / HISPARSE / "c8" / "point.json")
     assert ok.interactivity_tok_s_user == point.metrics.interactivity_tok_s_user  # exact, not rounded
     assert bool(ok.tpot_disagrees) and not bool(ok.simulated) and ok.gpus_per_server == 8
     assert ok.gpu_model == "NVIDIA H200" and ok.key_set == ">=1.10"
@@ -70,14 +70,14 @@ def test_load_runs_joins_several_runs(tmp_path):
 def test_a_stale_csv_is_not_trusted(tmp_path):
     run = make_run(tmp_path)
     write_summary_csv(run)
-    point_path = run / "points" / OFFLOAD / "p8" / "point.json"
+    point_path = run / "points" / OFFLOAD / "c8" / "point.json"
     point = read_point(point_path)
     point.metrics.interactivity_tok_s_user = 12.5
     atomic_write_json(run / "points" / point.deployment / point.point_id / "point.json", point)
     later = (run / "summary.csv").stat().st_mtime + 5
     os.utime(point_path, (later, later))
     df = load_runs([run])
-    assert df[(df.deployment == OFFLOAD) & (df.parallel == 8)].interactivity_tok_s_user.item() == 12.5
+    assert df[(df.deployment == OFFLOAD) & (df.concurrency == 8)].interactivity_tok_s_user.item() == 12.5
 
 
 def test_not_a_run_folder_is_one_clear_error(tmp_path):

@@ -37,7 +37,7 @@ def test_local_sweep_runs_every_point_and_resume_skips_them(tmp_path):
     assert sorted(records) == [("hs", 1), ("hs", 2)]
     for record in records.values():
         assert record.status == "ok", record.reason
-        assert record.summary.success_requests == record.number * 2  # two turns per conversation
+        assert record.summary.success_requests == record.conversations * 2  # two turns per conversation
         assert record.metrics.occupancy_mean_running > 0
         assert record.metrics.interactivity_tok_s_user > 0
         assert record.simulated
@@ -104,7 +104,7 @@ def test_malformed_metrics_are_recorded_not_fatal(tmp_path):
     record = points_of(tmp_path / "results/m1")[("garbled", 1)]
     assert record.status == "ok"
     assert record.metrics.scrapes_failed > 0 and record.metrics.occupancy_mean_running is None
-    lines = (tmp_path / "results/m1/points/garbled/p1/scrapes.jsonl").read_text().splitlines()
+    lines = (tmp_path / "results/m1/points/garbled/c1/scrapes.jsonl").read_text().splitlines()
     assert any("error" in json.loads(line) for line in lines)
 
 
@@ -116,7 +116,7 @@ def test_interrupt_leaves_no_childrunning(tmp_path, signum):
     try:
         def point_running() -> bool:
             seen.update(descendants(proc.pid))
-            return any((tmp_path / "results/s1/points/hs/p1/evalscope").glob("attempt-*/evalscope.log"))
+            return any((tmp_path / "results/s1/points/hs/c1/evalscope").glob("attempt-*/evalscope.log"))
         assert wait_for(point_running, 180), "the first point never started"
         time.sleep(1.0)
         seen.update(descendants(proc.pid))
@@ -135,8 +135,8 @@ def test_resume_after_the_harness_is_killed(tmp_path):
     sweep = write_sweep(tmp_path, {"hs": ""}, [(1, 2), (2, 2), (3, 3)])
     proc = subprocess.Popen(sweep_argv(sweep, "k1"), cwd=ROOT, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
-    first = tmp_path / "results/k1/points/hs/p1/point.json"
-    second_client = tmp_path / "results/k1/points/hs/p2/evalscope/attempt-1/evalscope.log"
+    first = tmp_path / "results/k1/points/hs/c1/point.json"
+    second_client = tmp_path / "results/k1/points/hs/c2/evalscope/attempt-1/evalscope.log"
     children: set[int] = set()
     try:
         assert wait_for(first.exists, 240), "the first point never finished"
@@ -225,6 +225,6 @@ def test_a_failed_point_is_retried_on_a_restarted_server(tmp_path):
     assert "retrying (1 of 1)" in done.stdout
     record = points_of(tmp_path / "results/rt")[("flaky", 2)]
     assert record.status == "ok" and record.attempt == 2 and record.server_restarted
-    attempts = sorted(p.name for p in (tmp_path / "results/rt/points/flaky/p2/evalscope").iterdir())
+    attempts = sorted(p.name for p in (tmp_path / "results/rt/points/flaky/c2/evalscope").iterdir())
     assert attempts == ["attempt-1", "attempt-2"]
-    assert (tmp_path / "results/rt/points/flaky/p2/scrapes.attempt-1.jsonl").exists()
+    assert (tmp_path / "results/rt/points/flaky/c2/scrapes.attempt-1.jsonl").exists()

@@ -87,7 +87,7 @@ def test_a_point_records_unavailable_telemetry_and_goes_on(tmp_path):
 
 def test_the_time_series_figure_gets_pcie_and_power_where_there_were_gpus(tmp_path):
     outcome = sweep(tmp_path, FakeLauncher(), FakeLoadGenerator(), arms=("a",))
-    point_dir = Path(outcome.run_dir) / "points/a/p2"
+    point_dir = Path(outcome.run_dir) / "points/a/c2"
     sampler = GpuSampler(point_dir / "gpu.jsonl", 0.05, nvml=FakeNvml(count=2)).start()
     time.sleep(0.2)
     sampler.stop()

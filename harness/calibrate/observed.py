@@ -38,7 +38,7 @@ class ClientRecords:
 
 @dataclass(frozen=True)
 class ObservedPoint:
-    name: str                  # "<deployment>:c<parallel>"
+    name: str                  # "<deployment>:c<concurrency>"
     record: PointRecord
     prefill_ms: float | None   # the server's prefill-time histogram mean over the point's window
     client: ClientRecords | None
@@ -68,11 +68,11 @@ class ObservedRun:
     def point_spec(self, name: str) -> tuple[str, PointSpec, int]:
         """(deployment, spec, dataset offset) of a point, as the sweep ran it."""
         record = self.points[name].record
-        return record.deployment, PointSpec(parallel=record.parallel, number=record.number), record.dataset_offset
+        return record.deployment, PointSpec(concurrency=record.concurrency, conversations=record.conversations), record.dataset_offset
 
 
-def point_name(deployment: str, parallel: int) -> str:
-    return f"{deployment}:c{parallel}"
+def point_name(deployment: str, concurrency: int) -> str:
+    return f"{deployment}:c{concurrency}"
 
 
 def parse_point_names(text: str, run: ObservedRun) -> list[str]:
@@ -122,15 +122,15 @@ def _observe(paths: RunPaths, record: PointRecord) -> ObservedPoint:
     window = None
     if record.started_unix_s is not None and record.ended_unix_s is not None:
         window = (record.started_unix_s, record.ended_unix_s)
-    snapshots = group_scrapes(read_scrapes(paths.scrapes_jsonl(record.deployment, record.parallel)), window).snapshots
+    snapshots = group_scrapes(read_scrapes(paths.scrapes_jsonl(record.deployment, record.concurrency)), window).snapshots
     prefill_s, _ = histogram_mean(snapshots, PREFILL_HISTOGRAM)
     client = None
     if record.evalscope_output_dir:
         dbs = sorted(Path(record.evalscope_output_dir).rglob("benchmark_data.db"))
         if not dbs:  # the folder as recorded may be relative to the run folder
-            dbs = sorted(paths.point_dir(record.deployment, record.parallel).rglob("benchmark_data.db"))
+            dbs = sorted(paths.point_dir(record.deployment, record.concurrency).rglob("benchmark_data.db"))
         client = read_client_records(dbs[-1]) if dbs else None
-    return ObservedPoint(name=point_name(record.deployment, record.parallel), record=record,
+    return ObservedPoint(name=point_name(record.deployment, record.concurrency), record=record,
                          prefill_ms=None if prefill_s is None else 1000.0 * prefill_s, client=client)
 
 
@@ -143,7 +143,7 @@ def read_run(run_dir: Path) -> ObservedRun:
         raise HarnessError(f"{run_dir}: a simulated run (harness simulate); calibrate needs a run measured on a "
                            "real engine")
     paths = RunPaths(run_dir)
-    observed = {point_name(p.deployment, p.parallel): _observe(paths, p) for p in points if p.status == "ok"}
+    observed = {point_name(p.deployment, p.concurrency): _observe(paths, p) for p in points if p.status == "ok"}
     if not observed:
         raise HarnessError(f"{run_dir}: no ok point to calibrate from")
     return ObservedRun(run_dir=run_dir, manifest=manifest, loaded=_loaded_sweep(run_dir, manifest), points=observed)

@@ -22,8 +22,8 @@ class PointSetup:
     profile: LaunchProfile
     model: ModelProfile                        # the simulator's description of the model it serves
     shapes: tuple[ConversationShape, ...]      # the conversations, in the order the client sends them
-    parallel: int
-    number: int
+    concurrency: int
+    conversations: int
     max_tokens: int
 
 
@@ -42,9 +42,9 @@ class Prediction:
         return getattr(self, quantity)
 
 
-def recipe_shapes(recipe: DatasetRecipe, offset: int, number: int) -> tuple[ConversationShape, ...]:
-    """The `number` conversations a point at `offset` sends, keyed as the sweep keys them."""
-    return tuple(shapes_from_recipe(recipe, offset + number)[offset:])
+def recipe_shapes(recipe: DatasetRecipe, offset: int, conversations: int) -> tuple[ConversationShape, ...]:
+    """The `conversations` conversations a point at `offset` sends, keyed as the sweep keys them."""
+    return tuple(shapes_from_recipe(recipe, offset + conversations)[offset:])
 
 
 def single_turn_shapes(input_tokens: int, count: int) -> tuple[ConversationShape, ...]:
@@ -61,7 +61,7 @@ def _mean_ms(hist: Histogram) -> float | None:
 def predict(setup: PointSetup, hardware: HardwareProfile) -> Prediction:
     """Run the setup on a fresh engine (no earlier point's cache: every point sends fresh conversations)."""
     engine = Engine(engine_config(setup.profile, run_seed=0, model=setup.model, hardware=hardware))
-    run = run_point(engine, list(setup.shapes), parallel=setup.parallel, number=setup.number,
+    run = run_point(engine, list(setup.shapes), concurrency=setup.concurrency, conversations=setup.conversations,
                     max_tokens=setup.max_tokens, start_s=0.0)
     summary = evalscope_like_summary(run)
     h, c = engine.histograms, engine.counters

@@ -67,8 +67,8 @@ def run_setups(run: ObservedRun, names: Sequence[str], choice: ProfileChoice,
             sim = sim.model_copy(update={"hardware_profile": hardware_path})
         setups[name] = PointSetup(name=name, profile=launch.model_copy(update={"sim": sim}),
                                   model=load_model_profile(sim.model_profile),
-                                  shapes=recipe_shapes(recipe, offset, spec.number), parallel=spec.parallel,
-                                  number=spec.number, max_tokens=run.loaded.sweep.client.max_tokens)
+                                  shapes=recipe_shapes(recipe, offset, spec.conversations), concurrency=spec.concurrency,
+                                  conversations=spec.conversations, max_tokens=run.loaded.sweep.client.max_tokens)
     return setups
 
 

@@ -103,8 +103,8 @@ def setup_of(m: Measurement) -> PointSetup:
         profile["speculative"] = {"method": "mtp", "num_speculative_tokens": m.mtp_tokens}
         profile["sim"]["mtp_acceptance_mean"] = m.mtp_acceptance_length
     return PointSetup(name=m.id, profile=LaunchProfile.model_validate(profile), model=load_model_profile(m.model_profile),
-                      shapes=single_turn_shapes(m.prompt_tokens, m.requests), parallel=m.concurrency,
-                      number=m.requests, max_tokens=m.output_tokens)
+                      shapes=single_turn_shapes(m.prompt_tokens, m.requests), concurrency=m.concurrency,
+                      conversations=m.requests, max_tokens=m.output_tokens)
 
 
 COMPARED = ("tpot_ms", "total_tok_s")  # what the replay predicts and a table can state

@@ -43,7 +43,7 @@ class ValidationOutcome:
 
 
 def _rows(run: ObservedRun, sim_dir: Path, calibration_points: Sequence[str]) -> list[ValidationRow]:
-    simulated = {point_name(p.deployment, p.parallel): p for p in iter_points(sim_dir)}
+    simulated = {point_name(p.deployment, p.concurrency): p for p in iter_points(sim_dir)}
     rows = []
     for name, observed in run.points.items():
         sim = simulated.get(name)

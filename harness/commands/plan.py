@@ -65,7 +65,7 @@ def plan_as_dict(plan: Plan) -> dict:
             "sizing": None if dep.sizing is None else {
                 "seq_len": dep.sizing.seq_len, "predicted_concurrency": dep.sizing.predicted_concurrency,
                 "baseline_concurrency": dep.sizing.baseline_concurrency, "layout": dep.sizing.layout},
-            "points": [{"parallel": p.parallel, "number": p.number, "dataset_offset": p.dataset_offset,
+            "points": [{"concurrency": p.concurrency, "conversations": p.conversations, "dataset_offset": p.dataset_offset,
                         "evalscope_argv": redact_argv(planned_client_argv(dep, p))}
                        for p in dep.points],
         } for dep in plan.deployments],
@@ -103,7 +103,7 @@ def plan_as_text(plan: Plan) -> str:
                          f"{dep.sizing.baseline_concurrency}; calculator, {dep.sizing.layout} layout)")
         for p in dep.points:
             argv = redact_argv(planned_client_argv(dep, p))
-            lines.append(f"  c{p.parallel} (number {p.number}, offset {p.dataset_offset}): {shlex.join(argv)}")
+            lines.append(f"  c{p.concurrency} (number {p.conversations}, offset {p.dataset_offset}): {shlex.join(argv)}")
         lines.append("")
     if plan.warnings:
         lines.append("Warnings:")

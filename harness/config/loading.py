@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from harness.config.recipe import DatasetRecipe
 from harness.config.sweep import SweepFile
 from harness.errors import HarnessError
 from harness.io import display_path
+from harness.schema import deprecations
 
 
 class ConfigError(HarnessError):
@@ -98,13 +100,23 @@ def _first_error(path: Path, exc: ValidationError) -> ConfigError:
     return ConfigError(path, msg.replace("\n", " "), _loc_to_path(tuple(err.get("loc", ()))))
 
 
+# Files whose deprecated spellings were already reported by this process (each is said once).
+_REPORTED: set[tuple[str, str]] = set()
+
+
 def _validate(model: type[BaseModel], data: dict[str, Any], path: Path) -> Any:
     try:
-        return model.model_validate(data, context={"base_dir": Path(path).resolve().parent})
+        with deprecations() as notes:
+            validated = model.model_validate(data, context={"base_dir": Path(path).resolve().parent})
     except ValidationError as exc:
         raise _first_error(path, exc) from None
     except (ValueError, TypeError, RecursionError) as exc:
         raise ConfigError(path, str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    for note in notes:
+        if (str(path), note) not in _REPORTED:
+            _REPORTED.add((str(path), note))
+            print(f"{display_path(path)}: deprecated: {note}", file=sys.stderr)
+    return validated
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from harness import vllm_names as names
 from harness.config.nightly import NightlySettings
-from harness.schema import RelPath, Slug, StrictModel, must_exist
+from harness.schema import RelPath, Slug, StrictModel, must_exist, renamed
 
 # A pinned EvalScope: a release ("1.7.0") or a git ref ("acd09b44", "modelscope/evalscope@acd09b44").
 EVALSCOPE_REPO = "modelscope/evalscope"
@@ -31,8 +31,13 @@ def evalscope_spec_parts(spec: str) -> tuple[str, str | None, str | None]:
 
 
 class PointSpec(StrictModel):
-    parallel: int = Field(ge=1)
-    number: int = Field(ge=1)
+    concurrency: int = Field(ge=1, description="concurrent conversations (EvalScope's --parallel)")
+    conversations: int = Field(ge=1, description="conversations sent (EvalScope's --number)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return renamed(data, {"parallel": "concurrency", "number": "conversations"}, "client.points: ")
 
 
 class ClientSettings(StrictModel):
@@ -44,8 +49,8 @@ class ClientSettings(StrictModel):
     dataset_offset: int = Field(default=0, ge=0)
     multi_turn: bool = True
     points: list[PointSpec] | None = None
-    parallel: list[int] | None = None
-    number: list[int] | None = None
+    concurrency: list[int] | None = None
+    conversations: list[int] | None = None
     timeout_s: float = Field(default=6 * 3600, gt=0, description="wall limit for one point's EvalScope run")
     evalscope_args: list[str] = Field(default_factory=list, description="appended verbatim")
     evalscope: str | None = Field(default=None, description="the EvalScope the points run: a release "
@@ -53,6 +58,11 @@ class ClientSettings(StrictModel):
                                   "default: the harness's own")
     nice: int = Field(default=0, ge=0, le=19, description="run EvalScope at this lower CPU priority (a "
                       "client sharing cores with the server steals its time; docs/tpot.md)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        return renamed(data, {"parallel": "concurrency", "number": "conversations"}, "client: ")
 
     @field_validator("evalscope")
     @classmethod
@@ -66,36 +76,36 @@ class ClientSettings(StrictModel):
     @model_validator(mode="after")
     def _one_point_list(self) -> ClientSettings:
         if self.points is not None:
-            if self.parallel is not None or self.number is not None:
-                raise ValueError("give either points or parallel+number, not both")
+            if self.concurrency is not None or self.conversations is not None:
+                raise ValueError("give either points or concurrency+conversations, not both")
             if not self.points:
                 raise ValueError("points: at least one point is needed")
             return self
-        if self.parallel is None or self.number is None:
-            raise ValueError("give points, or both parallel and number lists")
-        if len(self.parallel) != len(self.number):
-            raise ValueError(f"parallel has {len(self.parallel)} values but number has {len(self.number)}; "
+        if self.concurrency is None or self.conversations is None:
+            raise ValueError("give points, or both concurrency and conversations lists")
+        if len(self.concurrency) != len(self.conversations):
+            raise ValueError(f"concurrency has {len(self.concurrency)} values but conversations has {len(self.conversations)}; "
                              "they pair up one to one")
-        if not self.parallel:
-            raise ValueError("parallel: at least one point is needed")
-        if any(v < 1 for v in self.parallel + self.number):
-            raise ValueError("parallel and number values must be >= 1")
+        if not self.concurrency:
+            raise ValueError("concurrency: at least one point is needed")
+        if any(v < 1 for v in self.concurrency + self.conversations):
+            raise ValueError("concurrency and conversations values must be >= 1")
         return self
 
     @model_validator(mode="after")
     def _unique_concurrency(self) -> ClientSettings:
-        # a point's folder is named by its concurrency (p8): two points at one concurrency would collide
-        seen = [p.parallel for p in self.point_list]
+        # a point's folder is named by its concurrency (c8): two points at one concurrency would collide
+        seen = [p.concurrency for p in self.point_list]
         dupes = sorted({c for c in seen if seen.count(c) > 1})
         if dupes:
-            raise ValueError(f"concurrency {dupes[0]} appears in two points; each point needs its own parallel value")
+            raise ValueError(f"concurrency {dupes[0]} appears in two points; each point needs its own concurrency value")
         return self
 
     @property
     def point_list(self) -> list[PointSpec]:
         if self.points is not None:
             return list(self.points)
-        return [PointSpec(parallel=p, number=n) for p, n in zip(self.parallel or [], self.number or [],
+        return [PointSpec(concurrency=p, conversations=n) for p, n in zip(self.concurrency or [], self.conversations or [],
                                                                   strict=True)]
 
 
@@ -130,7 +140,7 @@ class SweepFile(StrictModel):
     retry_cache: Literal["restart", "shift"] = Field(
         default="restart", description="how a retried point avoids the prefix cache its failed attempt warmed: "
         "restart the server (cold cache), or shift to conversations no earlier attempt sent (the dataset is "
-        "built with max_point_retries x every point's number spare conversations)")
+        "built with max_point_retries x every point's conversations to spare)")
     deployments: list[DeploymentSpec] = Field(min_length=1)
     nightly: NightlySettings = Field(default_factory=NightlySettings,
                                      description="the nightly gate's window and thresholds "

@@ -175,7 +175,7 @@ class ChangePoint:
     """A change in one metric of one point, located at the night it starts."""
 
     deployment: str
-    parallel: int
+    concurrency: int
     metric: str
     night_id: str  # the first night of the change
     earliest_night: str  # nights that fit nearly as well
@@ -202,13 +202,13 @@ class ChangePoint:
 
     @property
     def text(self) -> str:
-        return (f"{self.deployment} c{self.parallel} {self.metric}: {self.kind} from {self.where}, "
+        return (f"{self.deployment} c{self.concurrency} {self.metric}: {self.kind} from {self.where}, "
                 f"{self.levels}")
 
     @property
     def short(self) -> str:
         """The series and its levels, for a line under its group (which says where and when)."""
-        return f"c{self.parallel} {self.metric}: {self.levels}"
+        return f"c{self.concurrency} {self.metric}: {self.levels}"
 
     @property
     def levels(self) -> str:
@@ -234,7 +234,7 @@ class ChangeGroup:
         first = self.members[0]
         if len(self.members) == 1:
             return first.text
-        points = ", ".join(f"c{p}" for p in sorted({c.parallel for c in self.members}))
+        points = ", ".join(f"c{p}" for p in sorted({c.concurrency for c in self.members}))
         moves: dict[str, list[float]] = {}
         for c in self.members:
             moves.setdefault(c.metric, []).append(c.relative_change)
@@ -290,12 +290,12 @@ def history_change_points(nights: Sequence[NightRecord], metrics: Sequence[str] 
         groups.setdefault(night.key, []).append(night)
     series: list[tuple[str, int, str, list[str], list[float], list[bool]]] = []
     for group in groups.values():
-        for dep, parallel in sorted({p for n in group for p in n.points()}):
+        for dep, concurrency in sorted({p for n in group for p in n.points()}):
             for metric in metrics:
-                pairs = [(n, v) for n in group if (v := n.value(dep, parallel, metric)) is not None]
+                pairs = [(n, v) for n in group if (v := n.value(dep, concurrency, metric)) is not None]
                 builds = [n.build_of(dep) for n, _ in pairs]
                 changed = [i > 0 and builds[i] != builds[i - 1] for i in range(len(builds))]
-                series.append((dep, parallel, metric, [n.night_id for n, _ in pairs], [v for _, v in pairs],
+                series.append((dep, concurrency, metric, [n.night_id for n, _ in pairs], [v for _, v in pairs],
                                changed))
     if not series:
         return []
@@ -303,13 +303,13 @@ def history_change_points(nights: Sequence[NightRecord], metrics: Sequence[str] 
                                     settings.false_discovery_rate)
     strict = replace(settings, alpha=min(settings.alpha, threshold))
     out: list[ChangePoint] = []
-    for dep, parallel, metric, ids, values, changed in series:
+    for dep, concurrency, metric, ids, values, changed in series:
         if threshold <= 0:
             break
         for c in detect_changes(values, strict, changed):
             better = METRIC_BETTER.get(metric)
             worse = None if better is None else (c.after < c.before if better == "higher" else c.after > c.before)
-            out.append(ChangePoint(dep, parallel, metric, ids[c.index], ids[c.earliest], ids[c.latest], c.kind,
+            out.append(ChangePoint(dep, concurrency, metric, ids[c.index], ids[c.earliest], ids[c.latest], c.kind,
                                    c.before, c.after, c.relative_change, c.p_value, worse,
                                    best_night=ids[c.best], dated_by=c.dated_by))
     return out

@@ -105,9 +105,9 @@ def _charts(nights: Sequence[NightRecord], results: Sequence[GateResult], change
         for dep in deployments:
             parallels = sorted({p for n in nights for d, p in n.points() if d == dep})
             series = [Series(f"c{p}", [n.value(dep, p, metric) for n in nights]) for p in parallels]
-            flagged = {(f"c{f.parallel}", i) for i, r in enumerate(results) for f in r.findings
-                       if f.deployment == dep and f.metric == metric and f.parallel is not None}
-            markers = [Marker(ids.index(c.night_id), f"c{c.parallel}: {c.text}", c.worse) for c in changes
+            flagged = {(f"c{f.concurrency}", i) for i, r in enumerate(results) for f in r.findings
+                       if f.deployment == dep and f.metric == metric and f.concurrency is not None}
+            markers = [Marker(ids.index(c.night_id), f"c{c.concurrency}: {c.text}", c.worse) for c in changes
                        if c.deployment == dep and c.metric == metric]
             unit = _UNITS.get(metric, "")
             charts.append(TrendChart(f"{metric}{f' ({unit})' if unit else ''}: {dep}", metric, dep, ids,
@@ -172,10 +172,10 @@ def _night_page(night: NightRecord, result: GateResult, changes: Sequence[Change
     body += ["<h2>Report</h2>", f"<pre>{escape(report)}</pre>", "<h2>Points</h2>",
              "<table><tr><th>deployment</th><th>c</th><th>status</th>"
              + "".join(f"<th>{escape(m)}</th>" for m in METRIC_BETTER) + "</tr>"]
-    for dep, parallel in night.points():
-        row = night.row(dep, parallel)
+    for dep, concurrency in night.points():
+        row = night.row(dep, concurrency)
         cells = "".join(f'<td class="num">{number(getattr(row, m, None))}</td>' for m in METRIC_BETTER)
-        body.append(f"<tr><td>{escape(dep)}</td><td class=\"num\">{parallel}</td>"
+        body.append(f"<tr><td>{escape(dep)}</td><td class=\"num\">{concurrency}</td>"
                     f"<td>{escape(str(row.status if row else '-'))}</td>{cells}</tr>")
     body.append("</table>")
     body += [f'<img src="{up}{escape(p)}" alt="{escape(Path(p).name)}" style="max-width:100%">'

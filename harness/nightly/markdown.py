@@ -32,7 +32,7 @@ def findings_table(findings: Sequence[Finding]) -> list[str]:
              "|---|--:|---|--:|--:|--:|---|---|"]
     for f in findings:
         lines.append("| " + " | ".join(_cell(x) for x in (
-            f.deployment, "-" if f.parallel is None else str(f.parallel), f.metric or "-", number(f.baseline),
+            f.deployment, "-" if f.concurrency is None else str(f.concurrency), f.metric or "-", number(f.baseline),
             number(f.value), "-" if f.ratio is None else f"{f.ratio:.3f}x", f.threshold or "-",
             _REASONS[f.reason])) + " |")
     return lines

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from harness.config.nightly import GATEABLE_METRICS, NightlySettings
 from harness.judge import Experiment, Measurement, PointResult
@@ -23,10 +23,21 @@ _TYPES: dict[str, type] = {"str": str, "int": int, "float": float, "bool": bool}
 
 # One optional field per summary.csv column, so the record follows the contract without a copy of it;
 # extra="ignore": a newer harness may add columns, an older reader keeps what it knows.
+# columns renamed in schema 3 (EvalScope's names before): a night stored earlier is read under the new ones
+_OLD_COLUMN_NAMES = {"concurrency": "parallel", "conversations": "number"}
+
+
+def _row_field(name: str, kind: str) -> tuple[Any, Any]:
+    old = _OLD_COLUMN_NAMES.get(name)
+    if old is None:
+        return _TYPES[kind] | None, None
+    return _TYPES[kind] | None, Field(default=None, validation_alias=AliasChoices(name, old))
+
+
 NightRow = create_model(  # type: ignore[call-overload]
     "NightRow",
     __config__=ConfigDict(extra="ignore", frozen=True),
-    **{c.name: (_TYPES[c.kind] | None, None) for c in COLUMNS},
+    **{c.name: _row_field(c.name, c.kind) for c in COLUMNS},
 )
 
 
@@ -124,11 +135,11 @@ class NightRecord(BaseModel):
         """The night as the judge reads it."""
         points = {}
         for r in self.rows:
-            if r.deployment is None or r.parallel is None:
+            if r.deployment is None or r.concurrency is None:
                 continue
-            points[(str(r.deployment), int(r.parallel))] = PointResult(
+            points[(str(r.deployment), int(r.concurrency))] = PointResult(
                 status=str(r.status), reason=r.reason, failed_requests=r.failed_requests,
-                total_requests=r.total_requests, conversations=r.number,
+                total_requests=r.total_requests, conversations=r.conversations,
                 values={m: getattr(r, m, None) for m in GATEABLE_METRICS})
         hisparse = {dep: (f.hisparse_requested, f.hisparse_active) for dep, f in self.deployments.items()}
         return Measurement(self.night_id, self.experiment, points, hisparse)
@@ -143,15 +154,15 @@ class NightRecord(BaseModel):
         """Sort key: start time, then id (ids are run ids, which start with a UTC time stamp)."""
         return (self.started_at or "", self.night_id)
 
-    def row(self, deployment: str, parallel: int) -> Any | None:
+    def row(self, deployment: str, concurrency: int) -> Any | None:
         for r in self.rows:
-            if r.deployment == deployment and r.parallel == parallel:
+            if r.deployment == deployment and r.concurrency == concurrency:
                 return r
         return None
 
     def points(self) -> list[tuple[str, int]]:
-        return sorted({(str(r.deployment), int(r.parallel)) for r in self.rows
-                       if r.deployment is not None and r.parallel is not None})
+        return sorted({(str(r.deployment), int(r.concurrency)) for r in self.rows
+                       if r.deployment is not None and r.concurrency is not None})
 
     def build_of(self, deployment: str) -> tuple[Any, ...]:
         """What one deployment ran with this night, as far as the record tells: the provenance fields
@@ -160,9 +171,9 @@ class NightRecord(BaseModel):
         return (tuple(getattr(facts, name) for name in DEPLOYMENT_FIELDS),
                 tuple(getattr(self.provenance, name) for name in NIGHT_FIELDS), self.gpu.driver)
 
-    def value(self, deployment: str, parallel: int, metric: str) -> float | None:
+    def value(self, deployment: str, concurrency: int, metric: str) -> float | None:
         """A metric of an ok point, or None (absent, failed, or not measured)."""
-        row = self.row(deployment, parallel)
+        row = self.row(deployment, concurrency)
         if row is None or row.status != "ok":
             return None
         value = getattr(row, metric, None)

@@ -44,7 +44,7 @@ METRICS: tuple[Metric, ...] = table_metrics()
 @dataclass(frozen=True)
 class RefPoint:
     status: str
-    number: int | None
+    conversations: int | None
     values: dict[str, float | None]
     reason: str | None = None
     failed_requests: int | None = None
@@ -73,16 +73,16 @@ class Reference:
 
     def measurement(self) -> Measurement:
         points = {key: PointResult(status=p.status, reason=p.reason, failed_requests=p.failed_requests,
-                                   total_requests=p.total_requests, conversations=p.number, values=p.values)
+                                   total_requests=p.total_requests, conversations=p.conversations, values=p.values)
                   for key, p in self.points.items()}
         return Measurement(self.run_id, self.experiment, points, self.hisparse)
 
     def to_json(self) -> dict[str, Any]:
         deployments: dict[str, dict[str, Any]] = {}
-        for (dep, parallel), point in sorted(self.points.items()):
+        for (dep, concurrency), point in sorted(self.points.items()):
             values = {k: v for k, v in point.values.items() if v is not None}
-            deployments.setdefault(dep, {})[str(parallel)] = {
-                "status": point.status, "number": point.number, **values,
+            deployments.setdefault(dep, {})[str(concurrency)] = {
+                "status": point.status, "conversations": point.conversations, **values,
                 **({"reason": point.reason} if point.reason else {})}
         return {"format": REFERENCE_FORMAT, "run_id": self.run_id,
                 "created_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -149,9 +149,9 @@ def reference_from_run(run_dir: Path) -> Reference:
     df = load_runs([run_dir])
     points: dict[tuple[str, int], RefPoint] = {}
     for row in df.to_dict("records"):
-        number = row["number"]
-        points[(str(row["deployment"]), int(row["parallel"]))] = RefPoint(
-            status=str(row["status"]), number=None if _float(number) is None else int(number),
+        number = row["conversations"]
+        points[(str(row["deployment"]), int(row["concurrency"]))] = RefPoint(
+            status=str(row["status"]), conversations=None if _float(number) is None else int(number),
             values={name: _float(row[name]) for name in GATEABLE_METRICS},
             reason=None if row["reason"] is None or str(row["reason"]) in ("", "<NA>") else str(row["reason"]),
             failed_requests=_int(row["failed_requests"]), total_requests=_int(row["total_requests"]))
@@ -181,9 +181,10 @@ def reference_from_json(path: Path) -> Reference:
         hardware = data["hardware"]
         points = {}
         for dep, by_parallel in data["deployments"].items():
-            for parallel, entry in by_parallel.items():
-                points[(str(dep), int(parallel))] = RefPoint(
-                    status=str(entry.get("status", "ok")), number=entry.get("number"),
+            for concurrency, entry in by_parallel.items():
+                points[(str(dep), int(concurrency))] = RefPoint(
+                    status=str(entry.get("status", "ok")),
+                    conversations=entry.get("conversations", entry.get("number")),  # "number" before schema 3
                     values={name: _float(entry.get(name)) for name in GATEABLE_METRICS},
                     reason=entry.get("reason"), failed_requests=_int(entry.get("failed_requests")),
                     total_requests=_int(entry.get("total_requests")))
@@ -211,7 +212,7 @@ def write_reference(run_dir: Path, out: Path) -> Path:
 @dataclass(frozen=True)
 class PointChange:
     deployment: str
-    parallel: int
+    concurrency: int
     status: str
     reference_status: str
     values: dict[str, tuple[float | None, float | None]]  # metric -> (reference, run)
@@ -219,7 +220,7 @@ class PointChange:
 
     @property
     def name(self) -> str:
-        return f"{self.deployment} c{self.parallel}"
+        return f"{self.deployment} c{self.concurrency}"
 
 
 @dataclass
@@ -249,7 +250,7 @@ class Comparison:
             lines += [f"- {d}" for d in self.build_differences] + [""]
         lines += ["| " + " | ".join(head) + " |", "|---|--:|" + "--:|" * len(METRICS) + "---|"]
         for p in self.points:
-            cells = [p.deployment, str(p.parallel)]
+            cells = [p.deployment, str(p.concurrency)]
             for m in METRICS:
                 cells.append(_cell(m, *p.values[m.name], regressed=m.name in p.regressions))
             if "status" in p.regressions:
@@ -313,16 +314,16 @@ def compare_runs(run: Path, reference: Path, tolerance: float | None = None) -> 
                             build_differences=build_differences(current, ref))
     flagged: dict[tuple[str, int], list[str]] = {}
     for f in judged.findings:
-        if f.parallel is not None:
-            flagged.setdefault((f.deployment, f.parallel), []).append(
+        if f.concurrency is not None:
+            flagged.setdefault((f.deployment, f.concurrency), []).append(
                 f.metric if f.reason in ("threshold", "metric_missing") and f.metric else "status")
     for key, point in sorted(current.points.items()):
         base = ref.points.get(key)
         if base is None:
             comparison.notes.append(f"{key[0]} c{key[1]}: not in the reference")
             continue
-        if base.number is not None and point.number is not None and base.number != point.number:
-            comparison.notes.append(f"{key[0]} c{key[1]}: {point.number} conversations vs {base.number} "
+        if base.conversations is not None and point.conversations is not None and base.conversations != point.conversations:
+            comparison.notes.append(f"{key[0]} c{key[1]}: {point.conversations} conversations vs {base.conversations} "
                                     "in the reference")
         values = {m.name: (base.values.get(m.name), point.values.get(m.name)) for m in METRICS}
         comparison.points.append(PointChange(key[0], key[1], point.status, base.status, values,

@@ -58,9 +58,9 @@ def reused_points(manifest: RunManifest, points: list[PointRecord]) -> dict[int,
     out: dict[int, int] = {}
     for dep_points in by_dep.values():
         order = sorted(dep_points, key=lambda p: p.dataset_offset)
-        for parallel, again in warmed_resends([(p.parallel, p.dataset_offset, p.number) for p in order],
+        for concurrency, again in warmed_resends([(p.concurrency, p.dataset_offset, p.conversations) for p in order],
                                               built).items():
-            out[parallel] = max(out.get(parallel, 0), again)
+            out[concurrency] = max(out.get(concurrency, 0), again)
     return dict(sorted(out.items()))
 
 
@@ -110,7 +110,7 @@ def evidence_section(manifest: RunManifest, points: list[PointRecord]) -> list[s
         for p in rows:
             m = p.metrics
             usage = "-" if m.hisparse_host_usage_max is None else f"{m.hisparse_host_usage_max:.0%}"
-            lines.append(f"| {p.deployment} | {p.parallel} | {_num(m.hisparse_hit_rate, 3)} "
+            lines.append(f"| {p.deployment} | {p.concurrency} | {_num(m.hisparse_hit_rate, 3)} "
                          f"| {_num(m.hisparse_misses, 0)} | {_num(m.hisparse_h2d_bytes, 0)} "
                          f"| {_num(m.hisparse_h2d_bytes_per_s, 0)} | {usage} |")
     return lines

@@ -46,14 +46,14 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
     recorded = {(p.deployment, p.point_id) for p in points}
     for p in points:
         if p.status == "failed":
-            warnings.append(ReportWarning("failed point", f"`{p.deployment}` c{p.parallel} failed: {p.reason or 'no reason'}"))
+            warnings.append(ReportWarning("failed point", f"`{p.deployment}` c{p.concurrency} failed: {p.reason or 'no reason'}"))
         elif p.status == "degraded":
-            warnings.append(ReportWarning("degraded point", f"`{p.deployment}` c{p.parallel}: {p.reason}"))
-        warnings += [ReportWarning("doubtful point", f"`{p.deployment}` c{p.parallel}: {w}") for w in p.warnings]
+            warnings.append(ReportWarning("degraded point", f"`{p.deployment}` c{p.concurrency}: {p.reason}"))
+        warnings += [ReportWarning("doubtful point", f"`{p.deployment}` c{p.concurrency}: {w}") for w in p.warnings]
     for dep, statuses in manifest.points.items():
         for point_id, status in statuses.items():
             if (dep, point_id) not in recorded:
-                warnings.append(ReportWarning("missing point", f"`{dep}` {point_id.replace('p', 'c', 1)} has no point.json "
+                warnings.append(ReportWarning("missing point", f"`{dep}` {point_id} has no point.json "
                                         f"(manifest says {status})"))
     built, needed = manifest.workload.conversations_built, manifest.workload.conversations_needed
     if built is not None and needed is not None and built < needed:
@@ -78,7 +78,7 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
                 why += (f"; {p.requests.burst_replies} of {p.requests.succeeded} replies arrived in one burst "
                         "(decode span under 5 ms)")
             warnings.append(ReportWarning("TPOT disagreement", (
-                f"`{p.deployment}` c{p.parallel}: client TPOT {_num(m.mean_tpot_ms, 2)} ms vs server "
+                f"`{p.deployment}` c{p.concurrency}: client TPOT {_num(m.mean_tpot_ms, 2)} ms vs server "
                 f"{_num(m.server_tpot_ms, 2)} ms ({(m.tpot_rel_diff or 0.0):+.0%}, more than "
                 f"{TPOT_TOLERANCE:.0%}): {why}")))
     warnings += _occupancy_warnings(points)
@@ -88,7 +88,7 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
             what = ("its retry ran on a server restarted for it (cold prefix cache)" if p.retry == "restart"
                     else "the server restarted during the point")
             warnings.append(ReportWarning("server restarted", (
-                f"`{p.deployment}` c{p.parallel}: {what}"
+                f"`{p.deployment}` c{p.concurrency}: {what}"
                 + (f" ({resets} counter reset{'s' if resets > 1 else ''} seen)" if resets else ""))))
     flagged = {p.deployment for p in points if p.server_restarted}
     for dep, entry in manifest.deployments.items():
@@ -100,11 +100,11 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
         s = p.summary
         if p.status == "ok" and s is not None and s.failed_requests:
             warnings.append(ReportWarning("failed requests",
-                                    f"`{p.deployment}` c{p.parallel}: {s.failed_requests} of {s.total_requests} "
+                                    f"`{p.deployment}` c{p.concurrency}: {s.failed_requests} of {s.total_requests} "
                                     "requests failed"))
         if p.metrics is not None and p.metrics.scrapes_failed:
             warnings.append(ReportWarning("failed scrapes", (
-                f"`{p.deployment}` c{p.parallel}: {p.metrics.scrapes_failed} /metrics scrape(s) failed "
+                f"`{p.deployment}` c{p.concurrency}: {p.metrics.scrapes_failed} /metrics scrape(s) failed "
                 f"({p.metrics.scrapes_ok} succeeded)")))
     return warnings
 
@@ -123,7 +123,7 @@ def _occupancy_warnings(points: list[PointRecord]) -> list[ReportWarning]:
         if reading.disagree:
             assert reading.gauge is not None and reading.batch is not None
             out.append(ReportWarning("occupancy measures differ", (
-                f"`{p.deployment}` c{p.parallel}: running gauge mean {reading.gauge:.2f} ({scrapes}, largest "
+                f"`{p.deployment}` c{p.concurrency}: running gauge mean {reading.gauge:.2f} ({scrapes}, largest "
                 f"sample {_count(m.max_running)}) vs decode batch {reading.batch:.2f} from the engine counters: "
                 f"{abs(reading.gauge - reading.batch):.2f} requests apart, more than {OCCUPANCY_MARGIN_REQ:g}; the "
                 "figure shows both. The gauge averages over time, the decode batch over engine steps; a short "
@@ -131,7 +131,7 @@ def _occupancy_warnings(points: list[PointRecord]) -> list[ReportWarning]:
         elif reading.source == BATCH:
             assert reading.batch is not None
             out.append(ReportWarning("occupancy from counters", (
-                f"`{p.deployment}` c{p.parallel}: no scrape saw a request running ({scrapes}), so the running "
+                f"`{p.deployment}` c{p.concurrency}: no scrape saw a request running ({scrapes}), so the running "
                 f"gauge gives no occupancy; the figure and the table show the decode batch {reading.batch:.2f} "
                 "from the engine counters instead.")))
     return out
@@ -159,7 +159,7 @@ def _points_table(points: list[PointRecord]) -> list[str]:
         requests = f"{_count(s.success_requests)} / {_count(s.total_requests)}" if s else "-"
         status = p.status if p.status == "ok" else f"**{p.status}**"
         lines.append(
-            f"| {p.deployment} | {p.parallel} | {p.number} | {p.dataset_offset} | {status} "
+            f"| {p.deployment} | {p.concurrency} | {p.conversations} | {p.dataset_offset} | {status} "
             f"| {_num(m.interactivity_tok_s_user if m else None)} | {_count(m.total_tok_s_per_gpu if m else None)} "
             f"| {_num(m.output_tok_s_per_gpu if m else None)} | {_count(ttft)} "
             f"| {_num(tpot, 2)} / {_num(m.server_tpot_ms if m else None, 2)} "

@@ -56,7 +56,7 @@ def _traces(df: pd.DataFrame, columns: Sequence[str]) -> list[Trace]:
     for run_index, run in enumerate(runs):
         for dep in deployments:
             rows = df[(df["run_id"] == run) & (df["deployment"] == dep) & (df["status"] == "ok")]
-            rows = rows.dropna(subset=list(columns)).sort_values("parallel")
+            rows = rows.dropna(subset=list(columns)).sort_values("concurrency")
             if rows.empty:
                 continue
             traces.append(Trace(
@@ -89,11 +89,11 @@ def _mark_simulated(fig: Figure, df: pd.DataFrame | None = None, simulated: bool
 
 
 def _failed_note(ax: Axes, df: pd.DataFrame) -> None:
-    failed = df[df["status"] != "ok"].sort_values(["run_id", "deployment", "parallel"])
+    failed = df[df["status"] != "ok"].sort_values(["run_id", "deployment", "concurrency"])
     if failed.empty:
         return
     several = df["run_id"].nunique() > 1
-    names = [f"{r.run_id + '/' if several else ''}{r.deployment} c{r.parallel}" for r in failed.itertuples()]
+    names = [f"{r.run_id + '/' if several else ''}{r.deployment} c{r.concurrency}" for r in failed.itertuples()]
     ax.annotate("failed, not shown: " + ", ".join(names), xy=(0.0, -0.13), xycoords="axes fraction",
                 fontsize=8, color="#c0392b", va="top")
 
@@ -140,7 +140,7 @@ def build_pareto_figure(df: pd.DataFrame, x: XAxis = "total") -> Figure:
                 solid_joinstyle="round", zorder=2, gid=f"frontier:{trace.key}")
         ax.scatter(fx, fy, s=190, facecolors="none", edgecolors=trace.colour, linewidths=1.6, zorder=4)
         labels += [Label(xv, yv, f"c{c}", trace.colour)
-                   for xv, yv, c in zip(xs, ys, trace.frame["parallel"], strict=True)]
+                   for xv, yv, c in zip(xs, ys, trace.frame["concurrency"], strict=True)]
     if traces:
         from matplotlib.lines import Line2D
 
@@ -223,7 +223,7 @@ def build_occupancy_figure(df: pd.DataFrame) -> Figure:
     lines: list[tuple[list[float], list[float]]] = []
     differ: list[str] = []
     empty: list[str] = []
-    offered = sorted({int(c) for c in df["parallel"].dropna()})
+    offered = sorted({int(c) for c in df["concurrency"].dropna()})
     several = df["run_id"].nunique() > 1
     if offered:
         top = max(offered)
@@ -232,7 +232,7 @@ def build_occupancy_figure(df: pd.DataFrame) -> Figure:
     hollow_shown = False
     for trace in traces:
         points = [(int(c), occupancy_reading(g, b)) for c, g, b in
-                  zip(trace.frame["parallel"], trace.frame[y_col], trace.frame[batch_col], strict=True)]
+                  zip(trace.frame["concurrency"], trace.frame[y_col], trace.frame[batch_col], strict=True)]
         points = [(c, r) for c, r in points if r.value is not None]
         cs = [c for c, _ in points]
         ys = [r.value for _, r in points]
@@ -314,14 +314,14 @@ def build_acceptance_figure(df: pd.DataFrame) -> Figure | None:
     top = 1.0
     labels: list[Label] = []
     for trace in traces:
-        cs = trace.frame["parallel"].astype(int).tolist()
+        cs = trace.frame["concurrency"].astype(int).tolist()
         ys = trace.frame[y_col].astype(float).tolist()
         top = max(top, *ys)
         (line,) = ax.plot(cs, ys, color=trace.colour, marker=trace.marker, linestyle=trace.linestyle,
                           linewidth=1.8, markersize=6, label=trace.key)
         line.set_gid(f"acceptance:{trace.key}")
         labels += [Label(c, y, f"{y:.2f}", trace.colour) for c, y in zip(cs, ys, strict=True)]
-    offered = sorted({int(c) for t in traces for c in t.frame["parallel"]})
+    offered = sorted({int(c) for t in traces for c in t.frame["concurrency"]})
     ax.set_xticks(offered, [f"c{c}" for c in offered])
     ax.set_ylim(1.0, top + 0.35 * (top - 1.0) + 0.1)
     ax.set_xlabel("Offered concurrency (requests)")
@@ -331,7 +331,7 @@ def build_acceptance_figure(df: pd.DataFrame) -> Figure | None:
     ax.grid(True, alpha=0.3)
     _mark_simulated(fig, df)
     place_labels(ax, labels, fontsize=8, lines=[
-        (t.frame["parallel"].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
+        (t.frame["concurrency"].astype(float).tolist(), t.frame[y_col].astype(float).tolist()) for t in traces])
     return fig
 
 
@@ -340,7 +340,7 @@ def _shade_windows(axes: Sequence[Axes], timeline: DeploymentTimeline, minutes: 
         colour = "#f2c4c0" if w.status != "ok" else ("#e3e9f2" if i % 2 == 0 else "#eef1e4")
         for ax in axes:
             ax.axvspan(w.start_s / minutes, w.end_s / minutes, color=colour, alpha=0.8, zorder=0, lw=0)
-        label = f"c{w.parallel}" + ("" if w.status == "ok" else " failed")
+        label = f"c{w.concurrency}" + ("" if w.status == "ok" else " failed")
         axes[0].annotate(label, ((w.start_s + w.end_s) / 2 / minutes, 1.0), xycoords=("data", "axes fraction"),
                          xytext=(0, 3), textcoords="offset points", ha="center", va="bottom", fontsize=8.5,
                          color="#c0392b" if w.status != "ok" else "#333333", fontweight="bold")

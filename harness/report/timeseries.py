@@ -38,7 +38,7 @@ class Series:
 
 @dataclass(frozen=True)
 class PointWindow:
-    parallel: int
+    concurrency: int
     status: str
     start_s: float  # seconds since the timeline's origin
     end_s: float
@@ -139,7 +139,7 @@ def _reset_times(snapshots: list[_Snapshot], origin: float) -> list[float]:
 
 
 def _windows(points: list[PointRecord], origin: float) -> list[PointWindow]:
-    return [PointWindow(p.parallel, p.status, p.started_unix_s - origin, p.ended_unix_s - origin)
+    return [PointWindow(p.concurrency, p.status, p.started_unix_s - origin, p.ended_unix_s - origin)
             for p in points if p.started_unix_s is not None and p.ended_unix_s is not None]
 
 
@@ -148,7 +148,7 @@ def load_timeline(run_dir: Path, deployment: str, points: list[PointRecord] | No
     paths = RunPaths(Path(run_dir))
     if points is None:
         points = [p for p in iter_points(run_dir) if p.deployment == deployment]
-    files = sorted(paths.root.glob(f"points/{deployment}/p*/scrapes.jsonl"))
+    files = sorted(paths.root.glob(f"points/{deployment}/[cp][0-9]*/scrapes.jsonl"))
     snapshots, failed_t = _snapshots(files)
     starts = [p.started_unix_s for p in points if p.started_unix_s is not None]
     origin = min(starts + [s.t for s in snapshots[:1]] + failed_t[:1], default=0.0)
@@ -170,7 +170,7 @@ def load_timeline(run_dir: Path, deployment: str, points: list[PointRecord] | No
         series = _rate(snapshots, name, origin, label, scale=1e-9)
         if series is not None:
             timeline.transfer_gb_s.append(series)
-    gpu_rows = [r for f in sorted(paths.root.glob(f"points/{deployment}/p*/{GPU_JSONL}")) for r in read_gpu_jsonl(f)]
+    gpu_rows = [r for f in sorted(paths.root.glob(f"points/{deployment}/[cp][0-9]*/{GPU_JSONL}")) for r in read_gpu_jsonl(f)]
     if gpu_rows:
         timeline.transfer_gb_s.append(_gpu_sum(gpu_rows, "pcie_rx_gb_s", origin, "PCIe host→GPU (NVML)"))
         timeline.gpu_power_w.append(_gpu_sum(gpu_rows, "power_w", origin, "power, server GPUs (NVML)"))

@@ -1,5 +1,5 @@
 """The engine in virtual time, driven by closed-loop clients that behave as EvalScope's multi-turn mode
-(docs/facts.md §6): `parallel` workers; each takes the next of `number` conversations (the list rotated by the
+(docs/facts.md §6): `concurrency` workers; each takes the next of `conversations` conversations (the list rotated by the
 dataset offset) and sends its turns in order, each request = all earlier turns + the replies + the new
 turn, the next turn as soon as the reply ends. No wall clock: a point of minutes runs in milliseconds.
 
@@ -57,8 +57,8 @@ class RequestRecord:
 
 @dataclass
 class PointRun:
-    parallel: int
-    number: int
+    concurrency: int
+    conversations: int
     start_s: float
     end_s: float = 0.0
     requests: list[RequestRecord] = field(default_factory=list)
@@ -91,15 +91,16 @@ class _HashCache:
         return tuple(hashes[:blocks])
 
 
-def run_point(engine: Engine, conversations: list[ConversationShape], *, parallel: int, number: int,
+def run_point(engine: Engine, shapes: list[ConversationShape], *, concurrency: int, conversations: int,
               max_tokens: int, start_s: float, scrape_interval_s: float | None = None,
               on_scrape: Callable[[float], None] | None = None) -> PointRun:
-    """One EvalScope-like point from `start_s`; `on_scrape(now_s)` at start, every interval and at end."""
-    if not conversations:
+    """One EvalScope-like point from `start_s`: `conversations` of `shapes` (cycling) at `concurrency`;
+    `on_scrape(now_s)` at start, every interval and at end."""
+    if not shapes:
         raise ValueError("no conversations to send")
-    queue = deque(conversations[i % len(conversations)] for i in range(number))
+    queue = deque(shapes[i % len(shapes)] for i in range(conversations))
     hashes = _HashCache()
-    run = PointRun(parallel=parallel, number=number, start_s=start_s)
+    run = PointRun(concurrency=concurrency, conversations=conversations, start_s=start_s)
     clients: dict[str, _Client] = {}
     now = start_s
 
@@ -122,7 +123,7 @@ def run_point(engine: Engine, conversations: list[ConversationShape], *, paralle
         if queue:
             send(_Client(conversation=queue.popleft()))
 
-    for _ in range(min(parallel, number)):
+    for _ in range(min(concurrency, conversations)):
         next_conversation()
     next_scrape = start_s
     while clients:
