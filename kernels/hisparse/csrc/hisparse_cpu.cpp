@@ -72,8 +72,12 @@ struct UnionTable {
 void resolve_run(const ResolveParams& p, int32_t first, int32_t end, UnionTable& table,
                  std::vector<int32_t>& host_rows, std::vector<int16_t>& packed) {
   const int32_t request = request_of_row(p.request_ids, first);
-  const int32_t state =
-      state_row_of(p.request_state_indices, p.request_state_count, request);
+  int32_t state = state_row_of(p.request_state_indices, p.request_state_count, request);
+  for (int32_t row = 0; state >= 0 && row < first; ++row) {  // owned by an earlier run
+    if (run_claims_state(p.request_ids, p.request_state_indices, p.request_state_count, row, state)) {
+      state = -1;
+    }
+  }
   if (state < 0) {
     for (int32_t row = first; row < end; ++row) publish_padding_row(p, row);
     return;

@@ -106,6 +106,20 @@ HS_HD int32_t state_row_of(const int32_t* request_state_indices,
   return request_state_indices[request];
 }
 
+// One state row, one run: a launch may name a state row in more than one run
+// (CUDA-graph padding rows appended after the real ones map to request 0; a
+// caller may give two requests one state row). Two runs updating one state's
+// LRU and hot indices at once (two GPU blocks) would leave the LRU no
+// permutation, so the first run that names a state row owns it, and a later
+// run naming it resolves as padding: -1 published, no state touched.
+// True when row `row` leads a run whose state row is `state`.
+HS_HD bool run_claims_state(const int32_t* request_ids, const int32_t* request_state_indices,
+                            int32_t request_state_count, int32_t row, int32_t state) {
+  return leads_run(request_ids, row) &&
+         state_row_of(request_state_indices, request_state_count,
+                      request_of_row(request_ids, row)) == state;
+}
+
 // Physical row of a request's hot slot, through its hot block table row.
 HS_HD int64_t hot_physical_row(const int32_t* hot_table, int64_t table_stride,
                                int32_t block_size, int32_t request, int32_t slot) {

@@ -101,6 +101,7 @@ def resolve_residency(*, host_rows: int, hot_block_size: int, hot_block_table: n
         runs.append((row, request))
     bounds = [start for start, _ in runs] + [num_rows]
 
+    owned: set[int] = set()  # state rows an earlier run of this launch resolved
     for (first, request), end in zip(runs, bounds[1:], strict=True):
         if request_state_indices is None:
             state = request
@@ -108,6 +109,10 @@ def resolve_residency(*, host_rows: int, hot_block_size: int, hot_block_table: n
             state = int(request_state_indices[request])
         else:
             state = -1
+        if state in owned:  # one state row, one run: a later run is padding
+            state = -1
+        elif state >= 0:
+            owned.add(state)
         rows = range(first, end)
         if state < 0:  # CUDA-graph padding: publish -1, touch no state
             for row in rows:

@@ -254,3 +254,43 @@ def assert_same(got_state: ResolveState, got: ResolveOutputs, want_state: Resolv
     np.testing.assert_array_equal(got_state.device_global_indices, want_state.device_global_indices,
                                   err_msg=f"{where}: device_global_indices")
     np.testing.assert_array_equal(got_state.stats, want_state.stats, err_msg=f"{where}: stats")
+
+
+SHARED_STATE_KINDS = ("padding_after_real_rows", "duplicate_state_index", "request_split_in_two_runs")
+
+
+def shared_state_launch(rng: np.random.Generator, kind: str, top_k: int = 16, **scenario):
+    """A launch in which two runs name one state row, which the resolver gives to the first run
+    (a later one resolves as padding), and the launch that resolves to the same state without the
+    later run. Returns (scenario, top-k, reference scenario, reference top-k, the later run's rows).
+
+    padding_after_real_rows: CUDA-graph padding rows after the real ones map to request 0, with a
+    valid top-k; duplicate_state_index: two requests are given one state row;
+    request_split_in_two_runs: one request's rows come in two runs."""
+    if kind == "padding_after_real_rows":
+        s = make_scenario(rng, top_k=top_k, rows_per_request=[2, 2], **scenario)
+        real = topk(rng, s)
+        reference = copy.deepcopy(s)
+        s.request_ids_override = np.array([0, 0, 1, 1, 0, 0], np.int32)
+        return s, np.concatenate([real, topk(rng, s)[:2]]), reference, real, [4, 5]
+    if kind == "duplicate_state_index":
+        s = make_scenario(rng, top_k=top_k, rows_per_request=[2, 1, 2], **scenario)
+        s.request_state_indices[2] = s.request_state_indices[0]
+        reference = copy.deepcopy(s)
+        reference.request_state_indices[2] = -1
+        gi = topk(rng, s)
+        return s, gi, reference, gi, [3, 4]
+    if kind == "request_split_in_two_runs":
+        s = make_scenario(rng, top_k=top_k, rows_per_request=[2, 1], **scenario)
+        gi = topk(rng, s)
+        reference = copy.deepcopy(s)
+        s.request_ids_override = np.array([0, 0, 1, 0], np.int32)
+        return s, np.concatenate([gi, gi[:1]]), reference, gi, [3]
+    raise ValueError(kind)
+
+
+def assert_lru_permutations(state: ResolveState) -> None:
+    """Every state row's LRU holds each hot slot once (what a race between two runs breaks)."""
+    hot_size = state.lru_slots.shape[1]
+    for row, lru in enumerate(state.lru_slots):
+        assert sorted(lru.tolist()) == list(range(hot_size)), f"state row {row}: LRU is no permutation"

@@ -8,12 +8,15 @@ import torch
 from hisparse_kernels import oracle
 from hs_cases import (
     POISON,
+    SHARED_STATE_KINDS,
     ResolveState,
+    assert_lru_permutations,
     assert_same,
     cold_state,
     make_scenario,
     op_resolve,
     oracle_resolve,
+    shared_state_launch,
     topk,
     warm_state,
 )
@@ -61,6 +64,28 @@ def test_cuda_graph_padding_run_after_real_rows_leaves_request_state_alone(ops):
     np.testing.assert_array_equal(got_state.lru_slots, reference_state.lru_slots)
     np.testing.assert_array_equal(got.hot_indices[:4], reference.hot_indices)
     assert (got.hot_indices[4:] == -1).all() and (got.swap_counts[4:] == 0).all()
+
+
+@pytest.mark.parametrize("kind", SHARED_STATE_KINDS)
+def test_one_state_row_one_run(ops, kind):
+    """Two runs naming one state row would update its LRU from two GPU blocks at once (vLLM's kernel
+    races there: the LRU stops being a permutation). The first run owns the state row; a later run
+    resolves as padding, so the launch leaves the state exactly as the launch without it."""
+    rng = np.random.default_rng(40 + SHARED_STATE_KINDS.index(kind))
+    s, gi, reference, reference_gi, later = shared_state_launch(rng, kind)
+    state = warm_state(rng, s)
+    got_state, got = run_both(ops, s, gi, state)
+    want_state, want = oracle_resolve(reference, reference_gi, state)
+    assert_lru_permutations(got_state)
+    np.testing.assert_array_equal(got_state.lru_slots, want_state.lru_slots)
+    np.testing.assert_array_equal(got_state.device_global_indices, want_state.device_global_indices)
+    np.testing.assert_array_equal(got_state.stats, want_state.stats)
+    assert (got.hot_indices[later] == -1).all() and (got.swap_counts[later] == 0).all()
+    assert (got.valid_counts[later] == 0).all() and (got.miss_mask[later] == POISON).all()
+    earlier = [row for row in range(s.num_rows) if row not in later]
+    assert earlier == list(range(len(earlier)))  # the later run comes after every other row
+    np.testing.assert_array_equal(got.hot_indices[earlier], want.hot_indices[: len(earlier)])
+    np.testing.assert_array_equal(got.swap_host_physical_rows[earlier], want.swap_host_physical_rows[: len(earlier)])
 
 
 def test_null_source_pages_resolve_to_minus_one(ops):
