@@ -66,9 +66,17 @@ __global__ __launch_bounds__(kResolveThreads) void resolve_kernel(ResolveParams 
   while (end < p.num_rows && !leads_run(p.request_ids, end)) ++end;
   const int tid = threadIdx.x;
   const int32_t request = request_of_row(p.request_ids, first);
-  const int32_t state = state_row_of(p.request_state_indices, p.request_state_count, request);
+  int32_t state = state_row_of(p.request_state_indices, p.request_state_count, request);
+  if (state >= 0) {  // block-uniform: a state row an earlier run names is that run's
+    bool taken = false;
+    for (int32_t row = tid; row < first; row += blockDim.x) {
+      taken = taken || run_claims_state(p.request_ids, p.request_state_indices,
+                                        p.request_state_count, row, state);
+    }
+    if (__syncthreads_or(taken)) state = -1;
+  }
 
-  if (state < 0) {  // CUDA-graph padding: publish -1, touch no state
+  if (state < 0) {  // CUDA-graph padding (or a later run of a state): publish -1, touch no state
     for (int32_t row = first; row < end; ++row) {
       for (int32_t i = tid; i < p.top_k; i += blockDim.x) {
         publish(p, row, i, -1);
@@ -252,35 +260,39 @@ __global__ __launch_bounds__(kResolveThreads) void resolve_kernel(ResolveParams 
   }
 }
 
-}  // namespace cuda
+// Raises the resolver's dynamic shared memory limit to the device's opt-in
+// maximum, once per device (the attribute belongs to the function on the
+// current device; concurrent first calls set the same value).
+inline void allow_resolver_smem(int32_t device_index) {
+  static std::atomic<bool> raised[kMaxDevices] = {};
+  if (raised[device_index].load(std::memory_order_acquire)) return;
+  STD_TORCH_CHECK(cudaFuncSetAttribute(resolve_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       max_shared_memory_optin(device_index)) == cudaSuccess,
+                  "cannot raise the resolver's shared memory limit");
+  raised[device_index].store(true, std::memory_order_release);
+}
 
-void resolve_residency_cuda(const ResolveParams& params, int32_t device_index,
-                            const Tensor& host_cache) {
-  cuda::check_pinned(host_cache);
+inline void launch_resolve_residency(const ResolveParams& params, int32_t device_index,
+                                     const Tensor& host_cache) {
+  const cudaStream_t stream = current_stream(device_index);
+  check_pinned(host_cache, stream);
   if (params.num_rows == 0 || params.top_k == 0) return;
   const torch::stable::accelerator::DeviceGuard guard(device_index);
-  int max_smem = 0;
-  STD_TORCH_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                         device_index) == cudaSuccess,
-                  "cannot read the GPU's shared memory per block");
+  const int max_smem = max_shared_memory_optin(device_index);
   // A roomy union table where shared memory allows, else the tight one.
   ResolveParams p = params;
-  if (cuda::resolve_smem_bytes(p.table_capacity, p.hot_size) > static_cast<size_t>(max_smem)) {
+  if (resolve_smem_bytes(p.table_capacity, p.hot_size) > static_cast<size_t>(max_smem)) {
     p.table_capacity = tight_union_capacity(p.max_union_rows);
   }
-  const size_t smem = cuda::resolve_smem_bytes(p.table_capacity, p.hot_size);
+  const size_t smem = resolve_smem_bytes(p.table_capacity, p.hot_size);
   STD_TORCH_CHECK(smem <= static_cast<size_t>(max_smem), "HiSparse residency with hot size ",
                   p.hot_size, " and max_union_rows ", p.max_union_rows, " needs ", smem,
                   " bytes of shared memory per block; this GPU allows ", max_smem,
                   ": lower device_buffer_size or the number of speculative tokens");
-  if (smem > 48 * 1024) {
-    STD_TORCH_CHECK(cudaFuncSetAttribute(cuda::resolve_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)) == cudaSuccess,
-                    "cannot raise the resolver's shared memory limit");
-  }
-  cuda::resolve_kernel<<<p.num_rows, cuda::kResolveThreads, smem, cuda::current_stream(device_index)>>>(p);
-  cuda::check_launch("residency");
+  if (smem > 48 * 1024) allow_resolver_smem(device_index);
+  resolve_kernel<<<p.num_rows, kResolveThreads, smem, stream>>>(p);
+  check_launch("residency");
 }
 
+}  // namespace cuda
 }  // namespace hisparse
