@@ -1,10 +1,12 @@
 """Proofs about the bundled HiSparse kernel module: that a vLLM environment's
 `torch.ops._C_cache_ops.hisparse_*` reach it (run in that environment's interpreter), and that
-its CUDA sources compile with nvcc for a GPU architecture (objects only: no GPU needed).
+its CUDA sources compile with nvcc for a GPU architecture (objects only: no GPU needed), the vLLM
+drop-in against vLLM's declared signatures.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -58,6 +60,7 @@ class NvccCheck:
     seconds: float
     commands: list[str]
     log: str
+    job_seconds: dict[str, float] = field(default_factory=dict)  # job -> wall seconds
 
 
 def probe_dispatch(python: str, overlay: Path, env: dict[str, str] | None = None,
@@ -99,17 +102,35 @@ def torch_include_dirs(python: str) -> list[str]:
     return json.loads(python_facts(python, code).splitlines()[-1])
 
 
+def build_flags(source_dir: Path | None = None):
+    """The module's own compiler flags (hisparse_kernels/build.py, loaded by path: no torch import)."""
+    path = require_source_dir(source_dir) / "hisparse_kernels" / "build.py"
+    spec = importlib.util.spec_from_file_location("hisparse_kernels_build_flags", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+NVCC_JOBS = ("module", "dropin", "registration")
+# vLLM 0.32/0.33's declarations of the four functions, shipped with the drop-in; the check puts it
+# beside the drop-in as the `ops.h` a vLLM tree has there.
+VLLM_DECLARATIONS = "vllm_dropin/vllm_hisparse_ops.h"
+
+
 def nvcc_compile_check(cuda_arch: str = "90", torch_include_dirs: list[str] | None = None,
-                       source_dir: Path | None = None) -> NvccCheck:
-    """Compile the CUDA build's sources (kernels, registration, vLLM drop-in) to objects only:
-    no link, no GPU."""
+                       source_dir: Path | None = None, only: tuple[str, ...] = NVCC_JOBS) -> NvccCheck:
+    """Compile the CUDA build's sources to objects only (no link, no GPU), with the module's own
+    flags: `module` (kernels and the four entry points), `registration` (the CUDA build's
+    registration, host code), `dropin` (vLLM's hisparse_kernels.cu replacement, compiled against
+    vLLM's declared signatures: a signature that differs fails here)."""
     if torch_include_dirs is None:
         raise KernelBuildError("nvcc_compile_check needs torch's include folders (see torch_include_dirs)")
     src = require_source_dir(source_dir) / "csrc"
+    flags = build_flags(source_dir)
     nvcc = find_nvcc()
     includes = [f"-I{d}" for d in torch_include_dirs]
-    base = [nvcc, "-c", "-std=c++20", "-O3", f"-gencode=arch=compute_{cuda_arch},code=sm_{cuda_arch}",
-            "--expt-relaxed-constexpr", "-Xcompiler", "-fPIC", *includes]
+    arch = cuda_arch.replace(".", "")
+    base = [nvcc, "-c", *flags.NVCC_FLAGS, f"-gencode=arch=compute_{arch},code=sm_{arch}", *includes]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hisparse-nvcc-") as tmp:
         dropin = Path(tmp) / "dropin"
@@ -118,16 +139,21 @@ def nvcc_compile_check(cuda_arch: str = "90", torch_include_dirs: list[str] | No
             if header.suffix in (".h", ".cuh"):
                 shutil.copy(header, dropin / "hisparse_bundled" / header.name)
         shutil.copy(src / "vllm_dropin" / "hisparse_kernels.cu", dropin / "hisparse_kernels.cu")
-        jobs = [
-            [*base, "-DHISPARSE_WITH_CUDA", "-DUSE_CUDA", f"-I{src}", str(src / "hisparse_cuda.cu"),
-             "-o", f"{tmp}/module.o"],
-            [*base, str(dropin / "hisparse_kernels.cu"), "-o", f"{tmp}/dropin.o"],
+        shutil.copy(src / VLLM_DECLARATIONS, dropin / "ops.h")
+        jobs = {
+            "module": [*base, *flags.CUDA_DEFINES, f"-I{src}", str(src / "hisparse_cuda.cu"), "-o", f"{tmp}/module.o"],
+            "dropin": [*base, str(dropin / "hisparse_kernels.cu"), "-o", f"{tmp}/dropin.o"],
             # The CUDA build's registration (host code, handed to the host compiler).
-            [*base, "-DHISPARSE_WITH_CUDA", "-DUSE_CUDA", f"-I{src}", str(src / "registration.cpp"),
-             "-o", f"{tmp}/registration.o"],
-        ]
-        procs = [subprocess.Popen(job, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for job in jobs]
-        logs = [proc.communicate()[0] for proc in procs]
-        ok = all(proc.returncode == 0 for proc in procs)
-    return NvccCheck(ok, nvcc, round(time.monotonic() - started, 1), [" ".join(job) for job in jobs],
-                     "\n".join(logs))
+            "registration": [*base, *flags.CUDA_DEFINES, f"-I{src}", str(src / "registration.cpp"),
+                             "-o", f"{tmp}/registration.o"],
+        }
+        chosen = {name: argv for name, argv in jobs.items() if name in only}
+        procs = {name: (subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True),
+                        time.monotonic()) for name, argv in chosen.items()}
+        logs, seconds = [], {}
+        for name, (proc, began) in procs.items():
+            logs.append(f"== {name}\n{proc.communicate()[0]}")
+            seconds[name] = round(time.monotonic() - began, 1)
+        ok = all(proc.returncode == 0 for proc, _ in procs.values())
+    return NvccCheck(ok, nvcc, round(time.monotonic() - started, 1), [" ".join(argv) for argv in chosen.values()],
+                     "\n".join(logs), seconds)
