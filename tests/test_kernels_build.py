@@ -75,7 +75,7 @@ def test_plan_of_the_kernel_ab_sweep_shows_both_builds_and_the_kernel_identity()
 @pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU: the CUDA build would be made")
 def test_the_cuda_ab_build_is_refused_here_after_listing_its_steps(tmp_path):
     started = time.monotonic()
-    done = harness("build", CUDA_AB, "--cache-dir", str(tmp_path / "envs"))
+    done = harness("build", CUDA_AB, "--envs-dir", str(tmp_path / "envs"))
     print(f"refused in {time.monotonic() - started:.1f}s")
     assert done.returncode != 0 and "Traceback" not in done.stderr
     listed = [line.split("] ", 1)[1] for line in done.stdout.splitlines() if "] would run [" in line]
@@ -130,7 +130,7 @@ def test_a_git_build_with_bundled_kernels_puts_them_in_before_compiling(tmp_path
 
 @pytest.mark.skipif(_has_gpu(), reason="this machine has a GPU")
 def test_a_git_build_with_bundled_kernels_is_refused_here_listing_the_drop_in(tmp_path):
-    done = harness("build", "--cache-dir", str(tmp_path), str(_profile(tmp_path, "vllm-project/vllm@v0.33.0")))
+    done = harness("build", "--envs-dir", str(tmp_path), str(_profile(tmp_path, "vllm-project/vllm@v0.33.0")))
     assert done.returncode != 0
     steps = [line.split("] ", 1)[1] for line in done.stdout.splitlines() if "] would run [" in line]
     whys = [line.split("] ", 1)[1] for line in steps]

