@@ -93,6 +93,21 @@ GateThresholds = create_model(  # type: ignore[call-overload]
        if m.rule is not None})
 
 
+class AnswerThresholds(BaseModel):
+    """The correctness gate: how many of the probe's greedy answers must stay the same under pressure (and
+    match the baseline arm's), and how many must be right where the prompt set has answers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    agreement_min: float | None = Field(0.75, ge=0, le=1, description="share of answers under pressure equal "
+                                        "to the same arm's unpressured ones; below it: answers changed under "
+                                        "pressure (a regression)")
+    baseline_agreement_min: float | None = Field(None, ge=0, le=1, description="share of an arm's unpressured "
+                                                 "answers equal to the baseline arm's")
+    score_min: float | None = Field(None, ge=0, le=1, description="share of answers that are right, where the "
+                                    "prompt set gives the answer")
+
+
 class NightlySettings(BaseModel):
     """The `nightly:` section of a sweep file."""
 
@@ -101,3 +116,4 @@ class NightlySettings(BaseModel):
     baseline_nights: int = Field(7, ge=1, description="the baseline is the median of this many comparable "
                                  "nights, the most recent ones")
     thresholds: GateThresholds = Field(default_factory=GateThresholds)  # type: ignore[valid-type]
+    answers: AnswerThresholds = Field(default_factory=AnswerThresholds)

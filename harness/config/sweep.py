@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from harness import vllm_names as names
 from harness.config.nightly import NightlySettings
@@ -116,6 +116,71 @@ class ScrapeSettings(StrictModel):
     timeout_s: float = Field(default=10.0, gt=0)
 
 
+class SloSettings(StrictModel):
+    """A latency target: a point meets it when every limit given holds (its p90s, its interactivity), and
+    goodput counts the requests that meet the same limits one by one (their own TTFT, TPOT, latency)."""
+
+    interactivity_min_tok_s_user: float | None = Field(default=None, gt=0, description="1000 / TPOT (ms) at "
+                                                       "least this: per point its mean, per request its own")
+    ttft_p90_max_s: float | None = Field(default=None, gt=0, description="p90 TTFT at most this (per request: "
+                                         "its TTFT)")
+    tpot_p90_max_ms: float | None = Field(default=None, gt=0, description="p90 TPOT at most this (per request: "
+                                          "its TPOT)")
+    e2e_p90_max_s: float | None = Field(default=None, gt=0, description="p90 end-to-end latency at most this "
+                                        "(per request: its latency)")
+
+    @model_validator(mode="after")
+    def _something(self) -> SloSettings:
+        if all(v is None for v in (self.interactivity_min_tok_s_user, self.ttft_p90_max_s, self.tpot_p90_max_ms,
+                                   self.e2e_p90_max_s)):
+            raise ValueError("give at least one limit (interactivity_min_tok_s_user, ttft_p90_max_s, "
+                             "tpot_p90_max_ms, e2e_p90_max_s)")
+        return self
+
+
+def context_tokens(value: Any) -> int:
+    """A context length: tokens as a number, or `16k` (16,000) / `1M` (1,000,000) as the blog writes them."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a context length")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([kKmM]?)\s*", value)
+        if m:
+            scale = {"": 1, "k": 1_000, "m": 1_000_000}[m.group(2).lower()]
+            tokens = float(m.group(1)) * scale
+            if tokens.is_integer():
+                return int(tokens)
+    raise ValueError(f"{value!r} is not a context length; write tokens (74160) or 16k / 1M")
+
+
+ContextTokens = Annotated[int, BeforeValidator(context_tokens), Field(gt=0)]
+
+
+class SearchSettings(StrictModel):
+    """The capacity search (`harness capacity`): per (arm, context), the largest concurrency at which every
+    request stays running, found by a ramp then bisection with short probes."""
+
+    start_concurrency: int = Field(default=1, ge=1)
+    max_concurrency: int = Field(default=256, ge=1, description="the ramp stops here; a capacity at or above "
+                                 "it is reported as not bracketed")
+    probe_turns: int | None = Field(default=None, ge=1, description="turns a probe conversation sends (default: "
+                                    "the recipe's, capped at 3): a probe needs the steady state, not a whole "
+                                    "conversation")
+    probe_timeout_s: float = Field(default=900, gt=0, description="wall limit of one probe")
+    running_fraction: float = Field(default=1.0, gt=0, le=1, description="steady state counts as all running "
+                                    "when the decode batch reaches this fraction of the concurrency")
+
+
+class CorrectnessSettings(StrictModel):
+    """The correctness probe: fixed prompts answered greedily at low concurrency and again under the sweep's
+    highest point, through the same server (docs/correctness.md)."""
+
+    enabled: bool = True
+    prompts: RelPath | None = Field(default=None, description="a prompt set (YAML); default: the shipped one")
+    max_tokens: int = Field(default=24, gt=0)
+
+
 class DeploymentSpec(StrictModel):
     name: Slug
     launch: RelPath
@@ -145,6 +210,25 @@ class SweepFile(StrictModel):
     nightly: NightlySettings = Field(default_factory=NightlySettings,
                                      description="the nightly gate's window and thresholds "
                                      "(docs/nightly.md); only `harness nightly` reads it")
+    slo: SloSettings | None = Field(default=None, description="a latency target every point is checked "
+                                    "against, and goodput counted under (docs/metrics.md)")
+    contexts: list[ContextTokens] | None = Field(default=None, description="first-turn lengths to run the "
+                                                 "points at, each with its own dataset and server start "
+                                                 "(instead of the recipe's one first_turn_length)")
+    search: SearchSettings | None = Field(default=None, description="the capacity search's settings "
+                                          "(`harness capacity`)")
+    correctness: CorrectnessSettings = Field(default_factory=CorrectnessSettings,
+                                             description="greedy answers unpressured and under pressure")
+
+    @field_validator("contexts")
+    @classmethod
+    def _distinct_contexts(cls, contexts: list[int] | None) -> list[int] | None:
+        if contexts is not None:
+            if not contexts:
+                raise ValueError("contexts: give at least one length, or leave it out")
+            if len(set(contexts)) != len(contexts):
+                raise ValueError("contexts: a length appears twice")
+        return contexts
 
     @field_validator("dataset")
     @classmethod
