@@ -59,6 +59,40 @@ CATALOGUE: tuple[Metric, ...] = (
     _m("mean_ttft_ms", "ms", "mean time to first token (EvalScope)", "client", better="lower",
        rule=("max_ratio", 1.15), label="TTFT (ms)", digits=0),
     _m("mean_tpot_ms", "ms", "mean time per output token after the first (EvalScope)", "client", better="lower"),
+    # Percentiles over the point's succeeded requests, from EvalScope's per-request rows (benchmark_data.db; in
+    # virtual time the simulated requests): numpy's linear interpolation (harness/metrics/derive.py PERCENTILE_METHOD)
+    _m("ttft_p50_ms", "ms", "median time to first token over the succeeded requests", "requests", better="lower",
+       digits=0),
+    _m("ttft_p90_ms", "ms", "p90 time to first token over the succeeded requests", "requests", better="lower",
+       digits=0),
+    _m("ttft_p99_ms", "ms", "p99 time to first token over the succeeded requests", "requests", better="lower",
+       digits=0),
+    _m("tpot_p50_ms", "ms", "median per-request TPOT, (latency - TTFT) / (output tokens - 1), over the succeeded "
+       "requests of two tokens or more", "requests", better="lower"),
+    _m("tpot_p90_ms", "ms", "p90 per-request TPOT over the succeeded requests of two tokens or more", "requests",
+       better="lower"),
+    _m("tpot_p99_ms", "ms", "p99 per-request TPOT over the succeeded requests of two tokens or more", "requests",
+       better="lower"),
+    _m("itl_p50_ms", "ms", "median inter-token latency: every gap between streamed chunks of the succeeded "
+       "requests, pooled", "requests", better="lower"),
+    _m("itl_p90_ms", "ms", "p90 inter-token latency over every chunk gap of the succeeded requests", "requests",
+       better="lower"),
+    _m("itl_p99_ms", "ms", "p99 inter-token latency over every chunk gap of the succeeded requests", "requests",
+       better="lower"),
+    _m("e2e_p50_s", "s", "median end-to-end request latency over the succeeded requests", "requests",
+       better="lower", digits=3),
+    _m("e2e_p90_s", "s", "p90 end-to-end request latency over the succeeded requests", "requests", better="lower",
+       digits=3),
+    _m("e2e_p99_s", "s", "p99 end-to-end request latency over the succeeded requests", "requests", better="lower",
+       digits=3),
+    # Goodput under the sweep's `slo:` section (empty without one): the requests that met every limit on their own
+    _m("goodput_req_s", "req/s", "succeeded requests that met every SLO limit on their own (TTFT, TPOT, "
+       "interactivity, latency) / EvalScope duration; empty without an slo", "requests", better="higher"),
+    _m("goodput_tok_s_per_gpu", "tok/s/GPU", "prompt + completion tokens of the requests that met the SLO / "
+       "EvalScope duration / gpus_per_server; empty without an slo", "requests", better="higher", digits=0),
+    _m("slo_met", "", "the point met the sweep's SLO: its p90 TTFT, TPOT and latency and its interactivity "
+       "within every limit given; empty without an slo or where a limit's value is unknown", "derived",
+       kind="bool"),
     _m("occupancy_mean_running", "requests", "mean of the non-zero vllm:num_requests_running samples", "scrapes",
        better="higher", rule=("max_drop", 1.0), label="occupancy (req)", digits=1),
     _m("mean_waiting", "requests", "mean of vllm:num_requests_waiting samples", "scrapes"),

@@ -17,6 +17,7 @@ from harness.errors import HarnessError
 from harness.io import display_path, utc_now_iso
 from harness.loadgen import LoadGenerator, LoadRun, fill_client_argv, summary_dir
 from harness.metrics.derive import derive_point_metrics
+from harness.metrics.evalscope_requests import DB_NAME, RequestRow, read_request_rows, summarise_requests
 from harness.metrics.scrape import Scraper, read_scrapes
 from harness.plan import DeploymentPlan, Plan, PointPlan
 from harness.records import EvalScopeSummary, FailureKind, PointRecord, point_status
@@ -33,6 +34,11 @@ def failed_record(plan: Plan, point: PointPlan, reason: str, tail: list[str], fa
                        dataset_offset=point.dataset_offset, status="failed", reason=reason, failure=failure,
                        server_log_tail=tail[-50:], simulated=plan.simulated,
                        gpus_per_server=plan.config.gpus_per_server, started_at=now, ended_at=now)
+
+
+def does_not_fit_record(plan: Plan, point: PointPlan, reason: str, tail: list[str]) -> PointRecord:
+    """A point whose server refused its max_model_len: status does_not_fit, vLLM's reason kept."""
+    return failed_record(plan, point, reason, tail, "does_not_fit").model_copy(update={"status": "does_not_fit"})
 
 
 def _next_attempt(paths: RunPaths, point: PointPlan) -> int:
@@ -85,18 +91,23 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     summary, reason, failure = _summary_or_reason(run, run_summary, handle, load_generator, stop)
     record.summary = summary
     record.gpu = gpu
-    try:  # the per-request rows explain the client's numbers; an unreadable database costs only them
-        record.requests = load_generator.read_requests(run_summary)
+    rows: list[RequestRow] | None = None
+    try:  # the per-request rows explain the client's numbers and give its percentiles; unreadable, only those go
+        found = read_request_rows(run_summary / DB_NAME)
     except HarnessError as exc:
         record.warnings.append(f"per-request output unreadable: {exc}")
+    else:
+        if found is not None:
+            rows = found[0]
+            record.requests = summarise_requests(*found)
     if reason is not None:
         record.status, record.reason, record.failure = "failed", reason, failure
         record.server_log_tail = handle.log_tail(50)
         progress(f"{dep.name}: c{point.concurrency} failed: {reason}")
     records = read_scrapes(scrapes_path)
     record.metrics = derive_point_metrics(records, summary, sweep.gpus_per_server,
-                                          window=(started_unix, ended_unix))
-    record.warnings = point_warnings(record)
+                                          window=(started_unix, ended_unix), rows=rows, slo=sweep.slo)
+    record.warnings += point_warnings(record)
     failed = (summary.failed_requests or 0) if summary is not None else 0
     if record.status == "ok" and point_status(failed, sweep.max_failed_requests) == "degraded":
         record.status, record.failure = "degraded", "requests"

@@ -14,16 +14,19 @@ from harness import provenance
 from harness.config import LoadedSweep
 from harness.io import iso_from_unix
 from harness.metrics.derive import derive_point_metrics
+from harness.metrics.evalscope_requests import RequestRow
 from harness.metrics.prom import parse_exposition
 from harness.metrics.scrape import ScrapeRecord
-from harness.plan import make_plan
+from harness.plan import DeploymentPlan, Plan, PointPlan, make_plan
+from harness.point import does_not_fit_record
 from harness.records import EvalScopeSummary, FailureKind, PointRecord, PointStatus, point_status
 from harness.results import new_run_id, run_dir_for
 from harness.runner import open_recorder
+from harness.sim.capacity import refusal
 from harness.sim.engine import Engine
 from harness.sim.engine_config import engine_config, stable_seed
 from harness.sim.exposition import MetricsText
-from harness.sim.virtual import PointRun, run_point, shapes_from_recipe
+from harness.sim.virtual import ConversationShape, PointRun, run_point, shapes_from_recipe
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class SimulateOutcome:
     degraded: int = 0
     failed: int = 0
     skipped: int = 0  # virtual time re-runs every point
+    does_not_fit: int = 0
     status: str = "running"
     failures: list[str] = field(default_factory=list)
 
@@ -77,6 +81,20 @@ def evalscope_like_summary(run: PointRun) -> EvalScopeSummary:
         time_taken_s=run.duration_s, key_set=">=1.10")
 
 
+def request_rows(run: PointRun) -> list[RequestRow]:
+    """The point's requests as EvalScope's per-request rows would record them, for the percentiles and goodput
+    (harness/metrics/derive.py, the same functions as a served point). The engine records no time per chunk,
+    so a request's chunk gaps are its decode span split evenly over its chunks."""
+    rows = []
+    for r in run.requests:
+        first = None if r.first_token_s is None else r.first_token_s - r.start_s
+        span = None if r.first_token_s is None else r.end_s - r.first_token_s
+        gaps = (span / (r.chunks - 1),) * (r.chunks - 1) if span is not None and r.chunks > 1 else ()
+        rows.append(RequestRow(latency_s=r.end_s - r.start_s, first_chunk_s=first, prompt_tokens=r.prompt_tokens,
+                               completion_tokens=r.output_tokens, success=r.ok, chunk_gaps_s=gaps))
+    return rows
+
+
 def simulated_status(summary: EvalScopeSummary, max_failed_requests: int
                      ) -> tuple[PointStatus, str | None, FailureKind | None]:
     """A simulated point's status by the sweep's own rule (records.point_status): requests the engine could
@@ -100,51 +118,37 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
                              engine_label="sim (virtual time)", started_at=iso_from_unix(base_unix))
     recorder.record_provenance(provenance.collect(loaded, None, None, simulated=SIMULATED_NOTE))
     recorder.update_workload(source="recipe shape (virtual time, no text)")
-    recipe = loaded.dataset_recipe
-    shapes = shapes_from_recipe(recipe, plan.dataset.build_conversations)
-    keep = sweep.scrape.keep_prefixes
     simulated_s = 0.0
     written = 0
-    counts = {"ok": 0, "degraded": 0, "failed": 0}
+    counts = {"ok": 0, "degraded": 0, "failed": 0, "does_not_fit": 0}
     failures: list[str] = []
     for dep in plan.deployments:
-        engine = Engine(engine_config(dep.profile, run_seed=stable_seed(run_id, dep.name)))
-        text = MetricsText(engine, dep.served_model_name)
-        recorder.update_deployment(dep.name, policy=engine.config.policy)
+        config = engine_config(dep.profile, run_seed=stable_seed(run_id, dep.name))
+        recorder.update_deployment(dep.name, policy=config.policy)
+        refused = refusal(config)
+        if refused is not None:  # as vLLM refuses the max_model_len at start-up: a result, recorded per point
+            progress(f"simulate: {dep.name}: does not fit: {refused[:160]}")
+            for point in dep.points:
+                recorder.record_point(does_not_fit_record(plan, point, refused, [f"ValueError: {refused}"]))
+                written += 1
+                counts["does_not_fit"] += 1
+            continue
+        engine = Engine(config)
+        shapes = shapes_from_recipe((dep.recipe or loaded.recipe).recipe, plan.dataset.build_conversations)
         now = 0.0
         for point in dep.points:
-            records: list[ScrapeRecord] = []
-
-            def scrape(at_s: float, records=records, text=text) -> None:
-                index = len({r.scrape for r in records})
-                for s in parse_exposition(text.render().decode(), keep):
-                    records.append(ScrapeRecord(t=base_unix + at_s, scrape=index, name=s.name,
-                                                labels=s.labels, value=s.value))
-
-            offset = point.dataset_offset if point.dataset_offset < len(shapes) else 0  # as EvalScope rotates
-            rotated = shapes[offset:] + shapes[:offset]
-            run = run_point(engine, rotated, concurrency=point.concurrency, conversations=point.conversations,
-                            max_tokens=sweep.client.max_tokens, start_s=now,
-                            scrape_interval_s=sweep.scrape.interval_s, on_scrape=scrape)
-            summary = evalscope_like_summary(run)
-            metrics = derive_point_metrics(records, summary, sweep.gpus_per_server)
-            status, reason, failure = simulated_status(summary, sweep.max_failed_requests)
-            record = PointRecord(
-                deployment=dep.name, concurrency=point.concurrency, conversations=point.conversations,
-                dataset_offset=point.dataset_offset, status=status, reason=reason, failure=failure,
-                started_at=iso_from_unix(base_unix + run.start_s), ended_at=iso_from_unix(base_unix + run.end_s),
-                started_unix_s=base_unix + run.start_s, ended_unix_s=base_unix + run.end_s,
-                wall_s=run.duration_s, simulated=True, gpus_per_server=sweep.gpus_per_server,
-                summary=summary, metrics=metrics)
-            recorder.write_scrapes(dep.name, point.concurrency, [json.dumps(r.to_json()) + "\n" for r in records])
+            record, scrapes, run = simulate_point(plan, dep, point, engine, shapes, base_unix, now)
+            recorder.write_scrapes(dep.name, point.concurrency, scrapes)
             recorder.record_point(record)
             written += 1
             counts[record.status] += 1
             if record.status != "ok":
                 failures.append(f"{dep.name} c{point.concurrency}: {record.reason}")
+            m = record.metrics
             progress(f"simulate: {dep.name} c{point.concurrency}: {record.status}, {run.duration_s:.1f} s simulated, "
-                     f"{_fmt(metrics.interactivity_tok_s_user)} tok/s/user, "
-                     f"{_fmt(metrics.total_tok_s_per_gpu)} tok/s/GPU, occupancy {_fmt(metrics.occupancy_mean_running)}")
+                     f"{_fmt(m.interactivity_tok_s_user if m else None)} tok/s/user, "
+                     f"{_fmt(m.total_tok_s_per_gpu if m else None)} tok/s/GPU, "
+                     f"occupancy {_fmt(m.occupancy_mean_running if m else None)}")
             now = run.end_s + 5.0  # EvalScope's default --sleep-interval between runs
         simulated_s += now
     status = recorder.finish(ended_at=iso_from_unix(base_unix + simulated_s))
@@ -154,3 +158,35 @@ def simulate_sweep(loaded: LoadedSweep, options: SimulateOptions, progress=print
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def simulate_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, engine: Engine,
+                   shapes: list[ConversationShape], base_unix: float, start_s: float
+                   ) -> tuple[PointRecord, list[str], PointRun]:
+    """One point in virtual time on `engine`, from `start_s`: its record, its scrapes (JSON lines) and the
+    run. The conversations are `shapes` rotated by the point's offset, as EvalScope rotates its list."""
+    sweep = plan.config
+    text = MetricsText(engine, dep.served_model_name)
+    records: list[ScrapeRecord] = []
+
+    def scrape(at_s: float) -> None:
+        index = len({r.scrape for r in records})
+        for s in parse_exposition(text.render().decode(), sweep.scrape.keep_prefixes):
+            records.append(ScrapeRecord(t=base_unix + at_s, scrape=index, name=s.name, labels=s.labels,
+                                        value=s.value))
+
+    offset = point.dataset_offset if point.dataset_offset < len(shapes) else 0
+    rotated = shapes[offset:] + shapes[:offset]
+    run = run_point(engine, rotated, concurrency=point.concurrency, conversations=point.conversations,
+                    max_tokens=sweep.client.max_tokens, start_s=start_s,
+                    scrape_interval_s=sweep.scrape.interval_s, on_scrape=scrape)
+    summary = evalscope_like_summary(run)
+    metrics = derive_point_metrics(records, summary, sweep.gpus_per_server, rows=request_rows(run), slo=sweep.slo)
+    status, reason, failure = simulated_status(summary, sweep.max_failed_requests)
+    record = PointRecord(
+        deployment=dep.name, concurrency=point.concurrency, conversations=point.conversations,
+        dataset_offset=point.dataset_offset, status=status, reason=reason, failure=failure,
+        started_at=iso_from_unix(base_unix + run.start_s), ended_at=iso_from_unix(base_unix + run.end_s),
+        started_unix_s=base_unix + run.start_s, ended_unix_s=base_unix + run.end_s, wall_s=run.duration_s,
+        simulated=True, gpus_per_server=sweep.gpus_per_server, summary=summary, metrics=metrics)
+    return record, [json.dumps(r.to_json()) + "\n" for r in records], run

@@ -7,16 +7,22 @@ Conventions, as the metric definitions require:
   of the window, per label set; a drop (server restart) counts the new value from zero.
 - A metric the server does not expose, or one with nothing to divide by, is None, never 0.
 - window_s is the span the counter deltas cover: first to last good scrape in the window.
+- Latency percentiles and goodput come from the point's per-request rows (EvalScope's benchmark_data.db, or the
+  simulated requests as such rows), over the requests that succeeded (RequestRow.ok), with one percentile
+  method (PERCENTILE_METHOD) for both the served and the virtual-time path.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from harness import vllm_names as names
+from harness.config.sweep import SloSettings
 from harness.evidence import (
     HISPARSE_H2D_BYTES,
     HISPARSE_HITS,
@@ -24,6 +30,7 @@ from harness.evidence import (
     HISPARSE_MISSES,
     normalise_hisparse,
 )
+from harness.metrics.evalscope_requests import RequestRow
 from harness.metrics.scrape import ScrapeRecord
 from harness.records import EvalScopeSummary, PointMetrics
 
@@ -218,8 +225,11 @@ def _decode_batch(generated: float | None, steps: float | None, acceptance: floa
 
 def derive_point_metrics(records: list[ScrapeRecord], summary: EvalScopeSummary | None,
                          gpus_per_server: int,
-                         window: tuple[float, float] | None = None) -> PointMetrics:
-    """The point's metrics from its scrapes (those inside `window` when given) and EvalScope summary."""
+                         window: tuple[float, float] | None = None,
+                         rows: Sequence[RequestRow] | None = None,
+                         slo: SloSettings | None = None) -> PointMetrics:
+    """The point's metrics from its scrapes (those inside `window` when given), EvalScope summary, and
+    per-request rows (latency percentiles; goodput and the SLO verdict under `slo`)."""
     if gpus_per_server < 1:
         raise ValueError(f"gpus_per_server must be >= 1, got {gpus_per_server}")
     scrapes = group_scrapes(records, window)
@@ -228,8 +238,14 @@ def derive_point_metrics(records: list[ScrapeRecord], summary: EvalScopeSummary 
     client = _client_metrics(summary, gpus_per_server)
     counters, resets = _counter_metrics(snapshots, window_s)
     gauges = _gauge_metrics(snapshots)
+    latency = latency_percentiles(rows) if rows is not None else {}
+    service: dict[str, float | bool | None] = {}
+    if slo is not None:
+        duration = summary.time_taken_s if summary is not None else None
+        service = goodput(rows, slo, duration, gpus_per_server) if rows is not None else {}
+        service["slo_met"] = slo_met(slo_checks(slo, {**client, **latency}))
     return PointMetrics(
-        **client, **gauges, **counters,
+        **client, **gauges, **counters, **latency, **service,
         **_tpot_check(counters["server_tpot_ms"], client.get("mean_tpot_ms")),
         **_occupancy_check(gauges.get("occupancy_mean_running"), counters.get("decode_batch_mean")),
         counter_resets=len(resets), scrapes_ok=len(snapshots), scrapes_failed=scrapes.failed,
@@ -261,3 +277,131 @@ def _tpot_check(server_ms: float | None, client_ms: float | None) -> dict[str, f
     rel = (server_ms - client_ms) / client_ms
     return {"tpot_rel_diff": rel, "tpot_disagrees": abs(rel) > TPOT_DISAGREEMENT,
             "tpot_client_low": rel > TPOT_DISAGREEMENT}
+
+
+# --- latency percentiles and goodput, from the per-request rows ---------------------------------------
+
+PERCENTILES = (50, 90, 99)
+# numpy.percentile's default: linear interpolation between the closest ranks, (n - 1) * q / 100 as the
+# 0-based position. EvalScope's own benchmark_percentile.json takes the nearest rank (and rounds to 4 digits),
+# so on few requests its figures differ from these.
+PERCENTILE_METHOD = "linear"
+# (column prefix, unit): ttft_p90_ms, tpot_p90_ms, itl_p90_ms, e2e_p90_s
+LATENCIES = (("ttft", "ms"), ("tpot", "ms"), ("itl", "ms"), ("e2e", "s"))
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) of values by PERCENTILE_METHOD; None for no values."""
+    if not values:
+        return None
+    return float(np.percentile(np.asarray(values, dtype=float), q, method=PERCENTILE_METHOD))
+
+
+def percentile_name(base: str, q: int, unit: str) -> str:
+    return f"{base}_p{q}_{unit}"
+
+
+def latency_samples(rows: Iterable[RequestRow]) -> dict[str, list[float]]:
+    """Per latency, its samples in the column's unit, over the succeeded requests (RequestRow.ok): TTFT and
+    end-to-end latency one per request, TPOT one per request of two output tokens or more (EvalScope's
+    definition, RequestRow.tpot_s), ITL every gap between streamed chunks, pooled over the requests."""
+    ok = [r for r in rows if r.ok]
+    return {
+        "ttft": [1000.0 * r.first_chunk_s for r in ok if r.first_chunk_s is not None],
+        "tpot": [1000.0 * r.tpot_s for r in ok if r.tpot_s is not None],
+        "itl": [1000.0 * gap for r in ok for gap in r.chunk_gaps_s],
+        "e2e": [r.latency_s for r in ok if r.latency_s is not None],
+    }
+
+
+def latency_percentiles(rows: Iterable[RequestRow]) -> dict[str, float | None]:
+    """p50/p90/p99 of TTFT, TPOT, ITL (ms) and end-to-end latency (s): ttft_p90_ms and so on."""
+    samples = latency_samples(rows)
+    return {percentile_name(base, q, unit): percentile(samples[base], q)
+            for base, unit in LATENCIES for q in PERCENTILES}
+
+
+def request_meets_slo(row: RequestRow, slo: SloSettings) -> bool:
+    """A succeeded request within every limit given, on its own numbers: its TTFT, its TPOT (and 1000 / TPOT
+    in ms as its interactivity), its latency. A reply of one token has no TPOT: the TPOT and interactivity
+    limits do not apply to it (as vLLM's benchmark counts it)."""
+    if not row.ok:
+        return False
+    tpot = row.tpot_s
+    if slo.ttft_p90_max_s is not None and row.first_chunk_s > slo.ttft_p90_max_s:
+        return False
+    if slo.e2e_p90_max_s is not None and row.latency_s > slo.e2e_p90_max_s:
+        return False
+    if tpot is not None:
+        if slo.tpot_p90_max_ms is not None and 1000.0 * tpot > slo.tpot_p90_max_ms:
+            return False
+        if slo.interactivity_min_tok_s_user is not None and tpot > 0 \
+                and 1.0 / tpot < slo.interactivity_min_tok_s_user:
+            return False
+    return True
+
+
+def goodput(rows: Iterable[RequestRow], slo: SloSettings, duration_s: float | None,
+            gpus_per_server: int) -> dict[str, float | None]:
+    """Requests per second, and prompt + completion tokens per second per GPU, of the requests that met the
+    SLO, over the point's EvalScope duration; empty without a duration."""
+    if duration_s is None or duration_s <= 0:
+        return {"goodput_req_s": None, "goodput_tok_s_per_gpu": None}
+    good = [r for r in rows if request_meets_slo(r, slo)]
+    tokens = sum((r.prompt_tokens or 0) + (r.completion_tokens or 0) for r in good)
+    return {"goodput_req_s": len(good) / duration_s,
+            "goodput_tok_s_per_gpu": tokens / duration_s / gpus_per_server}
+
+
+@dataclass(frozen=True)
+class SloCheck:
+    """One limit of the SLO against the point's value (in the limit's unit)."""
+
+    limit: str  # the sweep's key: ttft_p90_max_s, tpot_p90_max_ms, e2e_p90_max_s, interactivity_min_tok_s_user
+    what: str
+    unit: str
+    bound: float
+    value: float | None
+    at_least: bool = False
+
+    @property
+    def met(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value >= self.bound if self.at_least else self.value <= self.bound
+
+    def text(self) -> str:
+        """`p90 TTFT 2.31 s > 2 s (ttft_p90_max_s)`."""
+        if self.value is None:
+            return f"{self.what} unknown ({self.limit} {self.bound:g} {self.unit})"
+        sign = ("<" if self.met is False else ">=") if self.at_least else (">" if self.met is False else "<=")
+        return f"{self.what} {self.value:.4g} {self.unit} {sign} {self.bound:g} {self.unit} ({self.limit})"
+
+
+def slo_checks(slo: SloSettings, metrics: Mapping[str, object]) -> list[SloCheck]:
+    """Every limit the SLO gives, against the point's p90s and mean interactivity (metrics by column name: a
+    PointMetrics dump or the values being derived)."""
+
+    def value(name: str, per: float = 1.0) -> float | None:
+        raw = metrics.get(name)
+        return None if raw is None else float(raw) / per  # type: ignore[arg-type]
+
+    checks = []
+    if slo.ttft_p90_max_s is not None:
+        checks.append(SloCheck("ttft_p90_max_s", "p90 TTFT", "s", slo.ttft_p90_max_s, value("ttft_p90_ms", 1000.0)))
+    if slo.tpot_p90_max_ms is not None:
+        checks.append(SloCheck("tpot_p90_max_ms", "p90 TPOT", "ms", slo.tpot_p90_max_ms, value("tpot_p90_ms")))
+    if slo.e2e_p90_max_s is not None:
+        checks.append(SloCheck("e2e_p90_max_s", "p90 latency", "s", slo.e2e_p90_max_s, value("e2e_p90_s")))
+    if slo.interactivity_min_tok_s_user is not None:
+        checks.append(SloCheck("interactivity_min_tok_s_user", "interactivity", "tok/s/user",
+                               slo.interactivity_min_tok_s_user, value("interactivity_tok_s_user"), at_least=True))
+    return checks
+
+
+def slo_met(checks: Sequence[SloCheck]) -> bool | None:
+    """False where some limit is missed, None where none is but some value is unknown, else True."""
+    verdicts = [c.met for c in checks]
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True

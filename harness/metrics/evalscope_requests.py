@@ -88,9 +88,11 @@ def read_requests(db_path: Path) -> ClientRequests | None:
     """The per-request summary of one run; None where EvalScope wrote no database, HarnessError where
     it cannot be read."""
     found = read_request_rows(db_path)
-    if found is None:
-        return None
-    rows, schema = found
+    return None if found is None else summarise_requests(*found)
+
+
+def summarise_requests(rows: list[RequestRow], schema: str | None) -> ClientRequests:
+    """The per-request summary of rows read by read_request_rows (or rows made as EvalScope would write them)."""
     ok = [r for r in rows if r.ok]
     streamed = [r for r in ok if r.tpot_s is not None]
     spans = [r.decode_span_s for r in streamed if r.decode_span_s is not None]

@@ -7,9 +7,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.config.sweep import SloSettings
 from harness.io import atomic_write_text
+from harness.metrics.derive import LATENCIES, PERCENTILE_METHOD, PERCENTILES, percentile_name, slo_checks
 from harness.records import PointRecord, RunManifest
 from harness.report import evidence
+from harness.report.capacity import capacity_section
 from harness.report.plots import BATCH, GAUGE, OCCUPANCY_MARGIN_REQ, occupancy_reading
 from harness.results import RunPaths, iter_points, read_manifest
 
@@ -169,6 +172,68 @@ def _points_table(points: list[PointRecord]) -> list[str]:
     return lines
 
 
+_LATENCY_TITLES = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2e": "latency"}
+
+
+def _latency_table(points: list[PointRecord]) -> list[str]:
+    """p50 / p90 / p99 of TTFT, TPOT, ITL and end-to-end latency per point (docs/metrics.md)."""
+    names = [percentile_name(base, q, unit) for base, unit in LATENCIES for q in PERCENTILES]
+    measured = [p for p in points if p.metrics is not None and any(getattr(p.metrics, n) is not None for n in names)]
+    if not measured:
+        return ["No per-request latencies recorded (EvalScope wrote no per-request rows, or the run predates them)."]
+    qs = " / ".join(f"p{q}" for q in PERCENTILES)
+    lines = ["| deployment | c | " + " | ".join(f"{_LATENCY_TITLES[base]} {qs} ({unit})" for base, unit in LATENCIES)
+             + " |", "|---|--:|" + "--:|" * len(LATENCIES)]
+    for p in measured:
+        cells = [" / ".join(_num(getattr(p.metrics, percentile_name(base, q, unit)), 3 if unit == "s" else 1)
+                            for q in PERCENTILES) for base, unit in LATENCIES]
+        lines.append(f"| {p.deployment} | {p.concurrency} | " + " | ".join(cells) + " |")
+    return lines + ["", f"Over the requests that succeeded; percentiles by numpy's {PERCENTILE_METHOD} interpolation "
+                    "(EvalScope's own benchmark_percentile.json takes the nearest rank). TPOT per request = "
+                    "(latency - TTFT) / (output tokens - 1); ITL: every gap between streamed chunks, pooled."]
+
+
+def run_slo(manifest: RunManifest) -> SloSettings | None:
+    """The SLO the run's sweep declared (manifest.json's resolved sweep), or None."""
+    raw = manifest.resolved.sweep.get("slo")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return SloSettings.model_validate(raw)
+    except ValueError:
+        return None
+
+
+def _slo_section(manifest: RunManifest, points: list[PointRecord]) -> list[str]:
+    """The sweep's SLO, and per point: met or missed (which limit, with the value), and its goodput."""
+    slo = run_slo(manifest)
+    if slo is None:
+        return []
+    limits = "; ".join(f"{c.what} {'>=' if c.at_least else '<='} {c.bound:g} {c.unit} (`{c.limit}`)"
+                       for c in slo_checks(slo, {}))
+    lines = ["", "## SLO", "", f"Limits: {limits}. A point meets the SLO when its p90s and its mean interactivity are "
+             "within every limit; goodput counts the succeeded requests that met every limit on their own (their "
+             "TTFT, TPOT, 1000 / TPOT and latency) over the EvalScope duration.", "",
+             "| deployment | c | SLO | goodput (req/s) | goodput (tok/s/GPU) | requests within | missed |",
+             "|---|--:|---|--:|--:|--:|---|"]
+    for p in points:
+        m = p.metrics
+        if m is None:
+            lines.append(f"| {p.deployment} | {p.concurrency} | unknown | - | - | - | - |")
+            continue
+        checks = slo_checks(slo, m.model_dump())
+        verdict = {True: "met", False: "**missed**", None: "unknown"}[m.slo_met]
+        missed = "; ".join(c.text() for c in checks if c.met is False) or \
+            "; ".join(c.text() for c in checks if c.met is None) or "-"
+        duration = p.summary.time_taken_s if p.summary is not None else None
+        within = "-"
+        if m.goodput_req_s is not None and duration:
+            within = f"{round(m.goodput_req_s * duration):,} of {_count(p.summary.success_requests)}"
+        lines.append(f"| {p.deployment} | {p.concurrency} | {verdict} | {_num(m.goodput_req_s, 2)} "
+                     f"| {_count(m.goodput_tok_s_per_gpu)} | {within} | {_cell(missed)} |")
+    return lines
+
+
 def _flatten(prefix: str, value: object) -> list[tuple[str, str]]:
     if isinstance(value, dict):
         out: list[tuple[str, str]] = []
@@ -264,7 +329,9 @@ def render_report(run_dir: Path, plots_dir: Path) -> str:
             "(Δ`vllm:generation_tokens_total` / Δ`vllm:iteration_tokens_total_count` / MTP acceptance length). "
             f"The occupancy figure plots the {GAUGE} (filled) and the decode batch (hollow) where the {GAUGE} is "
             f"empty or more than {OCCUPANCY_MARGIN_REQ:g} requests away from it; those points are listed under "
-            "Warnings (docs/metrics.md, \"Occupancy two ways\").", "", "## Figures", ""]
+            "Warnings (docs/metrics.md, \"Occupancy two ways\").", "", "## Latency", ""]
+    out += _latency_table(points) + _slo_section(manifest, points) + [""] + capacity_section(run_dir)
+    out += ["", "## Figures", ""]
     out += _figures(run_dir, Path(plots_dir))
     out += ["", "## HiSparse evidence", ""] + evidence.evidence_section(manifest, points)
     out += ["", "## Provenance", ""] + _provenance(manifest) + ["", "## Deployments", ""] + _deployments(run_dir, manifest)
