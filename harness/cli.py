@@ -22,6 +22,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("dataset", "dataset", "build or verify a padded multi-turn dataset"),
     ("serve-sim", "serve_sim", "serve the simulated engine (OpenAI API + /metrics) on 127.0.0.1"),
     ("simulate", "simulate", "run a sweep on the simulated engine in virtual time"),
+    ("capacity", "capacity", "per arm and context, the largest concurrency that keeps every request running"),
     ("calibrate", "calibrate", "fit the simulated engine to a measured run or public measurements; --validate"),
     ("calc", "calc", "the blog's concurrency calculator: baseline vs Hybrid HiSparse"),
     ("plot", "plot", "draw the Pareto, occupancy, acceptance and time-series figures of runs"),

@@ -23,6 +23,7 @@ import math
 import re
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -226,3 +227,61 @@ def check_hisparse(profile: LaunchProfile, log_path: Path, metrics_url: str, api
     tokens = start.logged_concurrency_tokens
     predicted = predicted_concurrency(profile, tokens) if tokens else None
     return assess(requested, start, families, predicted)
+
+
+# ---- KV capacity at start-up (docs/facts.md §10) -------------------------------------------------------
+
+_KV_LINE_RE = re.compile(r"(?:(?P<pools>[A-Z][\w +]*) KV cache size: (?P<tokens>[\d,]+) tokens, )?Maximum concurrency "
+                         r"for (?P<length>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
+_REFUSAL_RE = re.compile(r"To serve at least one request with the model'?s max seq len \((?P<length>\d+)\)")
+_ESTIMATE_RE = re.compile(r"estimated maximum model length is (?P<tokens>\d+)")
+
+
+@dataclass(frozen=True)
+class LoggedKvCapacity:
+    """vLLM's start-up line on its KV cache: how many requests of max_model_len it holds at once."""
+
+    max_concurrency: float
+    tokens_per_request: int
+    kv_cache_tokens: int | None
+    pools: str | None
+
+
+@dataclass(frozen=True)
+class DoesNotFit:
+    """vLLM refused the max_model_len at start-up: one request cannot fit the KV cache."""
+
+    max_model_len: int
+    estimated_max_len: int | None
+    reason: str  # vLLM's message, as logged
+
+    @property
+    def summary(self) -> str:
+        estimate = f"; vLLM estimates {self.estimated_max_len:,} tokens would fit" if self.estimated_max_len else ""
+        return f"one request of {self.max_model_len:,} tokens cannot fit the KV cache{estimate}"
+
+
+def parse_kv_capacity(lines: Iterable[str]) -> LoggedKvCapacity | None:
+    """The last `Maximum concurrency for N tokens per request: X.XXx` line (with the KV cache size where the
+    same line has it), or None."""
+    found = None
+    for line in lines:
+        m = _KV_LINE_RE.search(line)
+        if m:
+            found = LoggedKvCapacity(max_concurrency=float(m.group("x")),
+                                     tokens_per_request=int(m.group("length").replace(",", "")),
+                                     kv_cache_tokens=int(m.group("tokens").replace(",", "")) if m.group("tokens")
+                                     else None, pools=m.group("pools"))
+    return found
+
+
+def parse_does_not_fit(lines: Iterable[str]) -> DoesNotFit | None:
+    """vLLM's refusal of a max_model_len that one request cannot fit, from a server's log lines."""
+    for line in lines:
+        m = _REFUSAL_RE.search(line)
+        if m:
+            text = line[m.start():].strip()
+            estimate = _ESTIMATE_RE.search(text)
+            return DoesNotFit(max_model_len=int(m.group("length")),
+                              estimated_max_len=int(estimate.group("tokens")) if estimate else None, reason=text)
+    return None

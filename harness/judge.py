@@ -131,6 +131,8 @@ def evidence_findings(measured: Measurement) -> Judgement:
     """Findings that need no baseline: failed or degraded points, HiSparse not on when asked for."""
     findings, notes = [], []
     for (dep, concurrency), point in sorted(measured.points.items()):
+        if point.status == "does_not_fit":  # a result: a regression only where the baseline fitted (below)
+            continue
         if point.status not in ("ok", "degraded"):
             findings.append(Finding(dep, concurrency, None, None, None, None, "", "point_failed",
                                     f"{dep} c{concurrency} failed: {point.reason or 'no reason recorded'}"))
@@ -149,8 +151,16 @@ def evidence_findings(measured: Measurement) -> Judgement:
 
 
 def missing_findings(measured: Measurement, baseline: Sequence[Measurement]) -> list[Finding]:
-    """A deployment or point the baseline measured that this measurement lacks."""
+    """A deployment or point the baseline measured that this measurement lacks, or that fitted in the
+    baseline and does not fit here."""
     out = []
+    for (dep, concurrency), point in sorted(measured.points.items()):
+        fitted = [b for b in baseline if (p := b.points.get((dep, concurrency))) is not None
+                  and p.status != "does_not_fit"]
+        if point.status == "does_not_fit" and fitted:
+            out.append(Finding(dep, concurrency, None, None, None, None, "", "point_failed",
+                               f"{dep} c{concurrency}: does not fit, where it fitted in the baseline: "
+                               f"{point.reason or 'no reason recorded'}"))
     have = set(measured.points)
     have_deps = {d for d, _ in have}
     wanted = {p for b in baseline for p in b.points}

@@ -10,13 +10,13 @@ already warmed in the prefix cache, provided the dataset holds offset + sum(numb
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.builds.envs import env_dir_for, expected_python, planned_kernel
 from harness.builds.kernels import KernelIdentity
 from harness.calc import sizing_for_launch, sizing_warnings
-from harness.config import ConfigError, LoadedLaunch, LoadedSweep, SweepFile
+from harness.config import ConfigError, DatasetRecipe, LoadedLaunch, LoadedRecipe, LoadedSweep, SweepFile
 from harness.config.hubref import HubRef
 from harness.io import display_path
 from harness.loadgen import (
@@ -99,7 +99,9 @@ class DeploymentPlan:
     api_key: str | None = None  # the key the server demands; readiness, scrapes and the client send it
     # a hub model: fetched onto the server's node before it starts; the argv names MODEL_PLACEHOLDER
     weights: HubRef | None = None
-
+    arm: str = ""  # the sweep's deployment this is (its name, or the name it has at each context)
+    context_tokens: int | None = None  # the first-turn length it runs at (a sweep with contexts)
+    recipe: LoadedRecipe | None = None  # the dataset its points read: the sweep's, or its context's
     @property
     def launch_path(self) -> Path:
         return self.launch.path
@@ -163,9 +165,63 @@ class Plan:
 
 def longest_context_tokens(loaded: LoadedSweep) -> int:
     """First turn + every later turn + every reply: the context of a conversation's last turn."""
-    recipe = loaded.dataset_recipe
-    return (recipe.first_turn_length + (recipe.num_turns - 1) * recipe.subsequent_turn_length
-            + recipe.num_turns * loaded.sweep.client.max_tokens)
+    return conversation_tokens(loaded.dataset_recipe, loaded.sweep.client.max_tokens)
+
+
+def conversation_tokens(recipe: DatasetRecipe, max_tokens: int) -> int:
+    return recipe.first_turn_length + (recipe.num_turns - 1) * recipe.subsequent_turn_length + recipe.num_turns * max_tokens
+
+
+# What a chat template adds to each turn beyond its bare tokens (role markers, the generation prompt): the
+# margin a context's max_model_len keeps so that the conversation's last request is admitted.
+TEMPLATE_TOKENS_PER_TURN = 32
+
+
+def context_max_model_len(recipe: DatasetRecipe, max_tokens: int) -> int:
+    """The admission limit a context's servers start with: its whole conversation (first turn, later turns,
+    replies) plus the template's tokens, so the last turn fits and nothing longer is reserved."""
+    return conversation_tokens(recipe, max_tokens) + recipe.num_turns * TEMPLATE_TOKENS_PER_TURN
+
+
+def context_label(tokens: int) -> str:
+    """16000 -> 16k, 1000000 -> 1m, 74160 -> 74160: a context's name in deployment names and tables."""
+    if tokens % 1_000_000 == 0:
+        return f"{tokens // 1_000_000}m"
+    if tokens % 1_000 == 0:
+        return f"{tokens // 1_000}k"
+    return str(tokens)
+
+
+@dataclass(frozen=True)
+class _Arm:
+    """One server start the sweep asks for: a deployment, or a deployment at one of the sweep's contexts."""
+
+    name: str
+    arm: str
+    context_tokens: int | None
+    launch: LoadedLaunch
+    recipe: LoadedRecipe
+
+
+def _arms(loaded: LoadedSweep) -> list[_Arm]:
+    """The sweep's deployments, each once, or once per context (its own dataset and max_model_len)."""
+    sweep = loaded.sweep
+    if not sweep.contexts:
+        return [_Arm(d.name, d.name, None, loaded.launches[d.name], loaded.recipe) for d in sweep.deployments]
+    base = loaded.dataset_recipe
+    if sweep.search is not None and sweep.search.probe_turns is not None:  # a capacity search's probes
+        base = base.model_copy(update={"num_turns": sweep.search.probe_turns})
+    arms = []
+    for dep in sweep.deployments:
+        launch = loaded.launches[dep.name]
+        for tokens in sweep.contexts:
+            recipe = base.model_copy(update={"first_turn_length": tokens})
+            limit = context_max_model_len(recipe, sweep.client.max_tokens)
+            profile = launch.profile.model_copy(update={"serve": launch.profile.serve.model_copy(
+                update={"max_model_len": limit})})
+            arms.append(_Arm(f"{dep.name}-ctx{context_label(tokens)}", dep.name, tokens,
+                             replace(launch, profile=profile), LoadedRecipe(loaded.recipe.path, recipe)))
+    return arms
 
 
 def point_offsets(base_offset: int, numbers: list[int]) -> list[int]:
@@ -215,12 +271,13 @@ def resolve_build(loaded: LoadedLaunch, envs_dir: Path | None = None) -> BuildPl
                      kernel=planned_kernel(spec))
 
 
-def _sizing(loaded: LoadedSweep, deployment: str) -> Sizing | None:
-    profile = loaded.launch_for(deployment)
+def _sizing(loaded: LoadedSweep, arm: _Arm) -> Sizing | None:
+    profile = arm.launch.profile
     # the calculator models GLM-5.3's sparse-MLA KV on GPUs; other models and CPU builds have no prediction
     if profile.engine != "vllm" or "glm-5" not in profile.serve.model.lower() or profile.build.package != "vllm":
         return None
-    seq_len = longest_context_tokens(loaded)
+    seq_len = (profile.serve.max_model_len if arm.context_tokens is not None and profile.serve.max_model_len
+               else conversation_tokens(arm.recipe.recipe, loaded.sweep.client.max_tokens))
     result = sizing_for_launch(profile, seq_len)
     concurrencies = [p.concurrency for p in loaded.sweep.client.point_list]
     return Sizing(seq_len=seq_len, predicted_concurrency=result.predicted_total,
@@ -256,8 +313,8 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
     client = resolve_client(sweep.client, clients_dir)
     warnings: list[str] = []
     deployments = []
-    for dep in sweep.deployments:
-        launch = loaded.launches[dep.name]
+    for dep in _arms(loaded):
+        launch = dep.launch
         profile = launch.profile
         resolved, notes = resolve_dialect(launch, dialect)
         warnings += [f"{dep.name}: {note}" for note in notes]
@@ -278,14 +335,15 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
                                                              conversations=p.conversations, dataset_offset=off,
                                                              name=f"{dep.name}-c{p.concurrency}", api_key=api_key)))
             for p, off in zip(specs, offsets, strict=True))
-        sizing = _sizing(loaded, dep.name)
+        sizing = _sizing(loaded, dep)
         if sizing is not None:
             warnings += [f"{dep.name}: {w}" for w in sizing.warnings]
         deployments.append(DeploymentPlan(
             name=dep.name, launch=launch, engine=profile.engine, dialect=command.dialect, build=build,
             command=command, reserve_gpus=launch.profile.reserved_gpus(sweep.gpus_per_server),
             served_model_name=profile.served_model_name, ready_timeout_s=profile.effective_ready_timeout_s,
-            points=points, sizing=sizing, api_key=api_key, pinned=pinned, weights=weights, stop_grace_s=grace))
+            points=points, sizing=sizing, api_key=api_key, pinned=pinned, weights=weights, stop_grace_s=grace,
+            arm=dep.arm, context_tokens=dep.context_tokens, recipe=dep.recipe))
     recipe = loaded.dataset_recipe
     resends = ()
     if recipe.reuse == "blog":

@@ -110,8 +110,10 @@ PointMetrics = create_model(  # type: ignore[call-overload]
     **{m.name: _metric_field(m) for m in catalogue_metrics("metrics")})
 
 
-# degraded: the point ran to its end but more requests failed than the sweep allows (max_failed_requests)
-PointStatus = Literal["ok", "degraded", "failed"]
+# degraded: the point ran to its end but more requests failed than the sweep allows (max_failed_requests);
+# does_not_fit: the server refused the deployment because one request at its max_model_len cannot fit its
+# KV cache. That is a result (what the blog's 1M probe asks), not a failure: never retried, never a failed run.
+PointStatus = Literal["ok", "degraded", "failed", "does_not_fit"]
 
 # Why a point is not ok, as a kind set where the reason is made (never read back from the reason's words):
 #   infrastructure    the point never reached a running server: preflight, a build, a server start
@@ -342,6 +344,9 @@ class DeploymentRecord(Record):
 
     launch: str
     engine: str
+    arm: str | None = None  # the sweep's deployment it is (a sweep with contexts runs each arm once per context)
+    context_tokens: int | None = None  # its first-turn length, in a sweep with contexts
+    max_model_len: int | None = None  # the admission limit its server started with
     dialect: str | None = None
     restarts: int = 0
     base_url: str | None = None
@@ -428,5 +433,5 @@ def run_status(points: dict[str, dict[str, str]], *, interrupted: bool, stopped_
     if interrupted or any(s == "pending" for s in statuses):
         return "interrupted"
     if any(s == "failed" for s in statuses):
-        return "failed"
+        return "failed"  # a point that does not fit is a result, not a failure
     return "degraded" if any(s == "degraded" for s in statuses) else "ok"

@@ -34,7 +34,7 @@ from harness.records import (
 from harness.redact import redact_argv, redact_config, redact_text
 
 # Point statuses a resumed run skips: the point ran to its end (degraded: some requests failed).
-OK_STATUSES = ("ok", "degraded")
+OK_STATUSES = ("ok", "degraded", "does_not_fit")
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from harness import provenance
 from harness.builds.client import ensure_client
@@ -27,11 +27,11 @@ from harness.builds.prepare import PreparedBuild, prepare_build
 from harness.config import LoadedSweep
 from harness.dataset import BuiltDataset, ensure_built
 from harness.errors import HarnessError
-from harness.evidence import check_hisparse
+from harness.evidence import check_hisparse, parse_does_not_fit
 from harness.io import display_path, utc_now_iso
 from harness.loadgen import LoadGenerator, with_offset
 from harness.plan import DeploymentPlan, Plan, PointPlan, make_plan
-from harness.point import failed_record, run_point
+from harness.point import does_not_fit_record, failed_record, run_point
 from harness.records import BuildRecord, DeploymentRecord, PointRecord, StopRecord, WorkloadRecord
 from harness.results import RunRecorder, new_run_id, run_dir_for
 from harness.servers.base import (
@@ -71,6 +71,7 @@ class SweepOutcome:
     degraded: int = 0
     failed: int = 0
     skipped: int = 0
+    does_not_fit: int = 0
     wall_s: float = 0.0
     status: str = "running"
     stopped_by_policy: bool = False
@@ -87,7 +88,7 @@ def make_launcher(options: SweepOptions) -> Launcher:
 
 
 def open_recorder(plan: Plan, root: Path, *, simulated: bool | None = None, engine_label: str | None = None,
-                  started_at: str | None = None) -> RunRecorder:
+                  started_at: str | None = None, planned_points: bool = True) -> RunRecorder:
     """Open (or resume) the run folder for a plan: `sweep` and `simulate` both start here."""
     sweep, recipe = plan.loaded, plan.loaded.dataset_recipe
     return RunRecorder.open(
@@ -102,9 +103,29 @@ def open_recorder(plan: Plan, root: Path, *, simulated: bool | None = None, engi
         resolved_config={"sweep": sweep.sweep.model_dump(mode="json"),
                          "launches": {name: ld.profile.model_dump(mode="json") for name, ld in sweep.launches.items()}},
         deployments={d.name: DeploymentRecord(launch=display_path(d.launch_path), engine=engine_label or d.engine,
-                                              dialect=d.dialect)
+                                              dialect=d.dialect, arm=d.arm or d.name, context_tokens=d.context_tokens,
+                                              max_model_len=d.profile.serve.max_model_len)
                      for d in plan.deployments},
-        points={d.name: [p.point_id for p in d.points] for d in plan.deployments})
+        # a search's points are known only as it runs: none are pending before it starts
+        points={d.name: [p.point_id for p in d.points] if planned_points else [] for d in plan.deployments})
+
+
+def build_datasets(plan: Plan, deployments: list[str], progress: Progress) -> dict[str, BuiltDataset]:
+    """Each deployment's dataset (a sweep with contexts has one per context), built once each, cached."""
+    built: dict[str, BuiltDataset] = {}
+    by_recipe: dict[int, BuiltDataset] = {}
+    for name in deployments:
+        dep = plan.deployment(name)
+        recipe = dep.recipe or plan.loaded.recipe
+        key = recipe.recipe.first_turn_length
+        if key not in by_recipe:
+            dataset = ensure_built(recipe, plan.dataset.build_conversations)
+            progress(f"dataset {display_path(dataset.path)}: {dataset.conversations} conversations"
+                     f"{f' of {key:,}-token first turns' if dep.context_tokens else ''}"
+                     f"{' (cached)' if dataset.cached else ''}")
+            by_recipe[key] = dataset
+        built[name] = by_recipe[key]
+    return built
 
 
 def _declared_gpu(plan: Plan) -> str | None:
@@ -115,9 +136,9 @@ def _declared_gpu(plan: Plan) -> str | None:
 class _Run:
     """What every deployment thread shares: the plan, the recorder, the counts and the stop flag."""
 
-    def __init__(self, plan: Plan, recorder: RunRecorder, outcome: SweepOutcome, dataset: BuiltDataset,
+    def __init__(self, plan: Plan, recorder: RunRecorder, outcome: SweepOutcome, datasets: dict[str, BuiltDataset],
                  launcher: Launcher, load_generator: LoadGenerator, options: SweepOptions, progress: Progress):
-        self.plan, self.recorder, self.outcome, self.dataset = plan, recorder, outcome, dataset
+        self.plan, self.recorder, self.outcome, self.datasets = plan, recorder, outcome, datasets
         self.launcher, self.load_generator, self.options, self.progress = launcher, load_generator, options, progress
         self.stop = threading.Event()  # set by the failure policy or an interrupt: start nothing new
         self._shifted = 0  # conversations taken by retries that shifted (retry_cache: shift)
@@ -133,6 +154,8 @@ class _Run:
         with self._lock:
             if record.status == "ok":
                 self.outcome.ok += 1
+            elif record.status == "does_not_fit":
+                self.outcome.does_not_fit += 1
             elif record.status == "degraded":
                 self.outcome.degraded += 1
                 self.outcome.failures.append(f"{record.deployment} c{record.concurrency}: degraded: {record.reason}")
@@ -153,19 +176,53 @@ class _Run:
         self.stop.set()
 
 
+class PointSource(Protocol):
+    """Which point a deployment runs next: a sweep's planned list, or a search that decides from the last
+    point's record (harness/capacity.py)."""
+
+    def next(self, last: PointRecord | None) -> PointPlan | None:
+        """The point to run after `last` (None: the first); None: the deployment is done."""
+
+    def remaining(self) -> list[PointPlan]:
+        """The points it would still run (recorded as failed when the server cannot start)."""
+
+
+class PlannedPoints:
+    """A sweep's points, in order."""
+
+    def __init__(self, points: list[PointPlan]):
+        self._points = list(points)
+
+    def next(self, last: PointRecord | None) -> PointPlan | None:
+        return self._points.pop(0) if self._points else None
+
+    def remaining(self) -> list[PointPlan]:
+        return list(self._points)
+
+
+SourceFactory = Callable[[Plan, DeploymentPlan, RunRecorder], PointSource]
+
+
 def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = print, *,
-              launcher: Launcher | None = None, load_generator: LoadGenerator | None = None) -> SweepOutcome:
+              launcher: Launcher | None = None, load_generator: LoadGenerator | None = None,
+              sources: SourceFactory | None = None) -> SweepOutcome:
+    """Run every deployment's points: the planned ones not already ok, or, with `sources`, the points each
+    deployment's source gives (a capacity search decides each from the last)."""
     started = time.monotonic()
     plan = make_plan(loaded, dialect=options.dialect, envs_dir=options.envs_dir, clients_dir=options.clients_dir)
     run_id = options.run_id or new_run_id(loaded.sweep.name)
-    recorder = open_recorder(plan, run_dir_for(options.results_root, run_id))
+    recorder = open_recorder(plan, run_dir_for(options.results_root, run_id), planned_points=sources is None)
     outcome = SweepOutcome(run_dir=recorder.paths.root)
 
     pending = {d.name: [p for p in d.points if not recorder.point_ok(d.name, p.concurrency)] for d in plan.deployments}
-    outcome.skipped = sum(len(d.points) - len(pending[d.name]) for d in plan.deployments)
-    if outcome.skipped:
-        progress(f"resuming {run_id}: {outcome.skipped} point(s) already ok, skipped")
-    todo = [d for d in plan.deployments if pending[d.name]]
+    point_sources: dict[str, PointSource] = (
+        {d.name: PlannedPoints(pending[d.name]) for d in plan.deployments} if sources is None
+        else {d.name: sources(plan, d, recorder) for d in plan.deployments})
+    if sources is None:
+        outcome.skipped = sum(len(d.points) - len(pending[d.name]) for d in plan.deployments)
+        if outcome.skipped:
+            progress(f"resuming {run_id}: {outcome.skipped} point(s) already ok, skipped")
+    todo = [d for d in plan.deployments if sources is not None or pending[d.name]]
     if not todo:
         progress(f"nothing to run: every point of {run_id} is ok")
         outcome.status = recorder.finish()
@@ -180,9 +237,8 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     if plan.client.spec is not None:  # EvalScope runs beside the harness: the pinned one is built here, once
         client = ensure_client(plan.client.spec, options.clients_dir, progress)
         client_version, client_lock = client.evalscope_version, (client.lock or {}).get("sha256")
-    dataset = ensure_built(loaded.recipe, plan.dataset.build_conversations)
-    progress(f"dataset {display_path(dataset.path)}: {dataset.conversations} conversations"
-             f"{' (cached)' if dataset.cached else ''}")
+    datasets = build_datasets(plan, [d.name for d in todo] or [d.name for d in plan.deployments], progress)
+    dataset = datasets[todo[0].name if todo else plan.deployments[0].name]
     recorder.record_provenance(provenance.collect(loaded, dataset.path, dataset.sha256,
                                                   evalscope_version=client_version,
                                                   client_source=plan.client.source,
@@ -193,8 +249,9 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
         recorder.update_deployment(name, build=_build_record(plan.deployment(name), prepared.provenance()))
 
     launcher = launcher or make_launcher(options)
-    run = _Run(plan, recorder, outcome, dataset, launcher, load_generator or LoadGenerator(options.pid_dir),
+    run = _Run(plan, recorder, outcome, datasets, launcher, load_generator or LoadGenerator(options.pid_dir),
                options, progress)
+    sources_by_dep = point_sources
     run.server_env = {name: prepared.server_env for name, prepared in builds.items()}
     try:
         with stop_servers_on_signal(launcher):
@@ -208,12 +265,12 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
             slots = max(1, min(len(todo), launcher.nodes_for(max(d.reserve_gpus for d in todo))))
             if slots > 1:
                 progress(f"running {len(todo)} deployments on {slots} nodes at once")
-                _run_parallel(run, todo, pending, slots)
+                _run_parallel(run, todo, sources_by_dep, slots)
             else:
                 for dep in todo:
                     if run.stop.is_set():
                         break
-                    _run_deployment(run, dep, pending[dep.name])
+                    _run_deployment(run, dep, sources_by_dep[dep.name])
     except KeyboardInterrupt:
         run.interrupted = True
         raise
@@ -224,9 +281,9 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     return outcome
 
 
-def _run_parallel(run: _Run, todo: list[DeploymentPlan], pending: dict[str, list[PointPlan]], slots: int) -> None:
+def _run_parallel(run: _Run, todo: list[DeploymentPlan], sources: dict[str, PointSource], slots: int) -> None:
     pool = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="deployment")
-    futures: list[Future] = [pool.submit(_run_deployment, run, d, pending[d.name]) for d in todo]
+    futures: list[Future] = [pool.submit(_run_deployment, run, d, sources[d.name]) for d in todo]
     try:
         done, _ = wait(futures, return_when=FIRST_EXCEPTION)
         for future in done:
@@ -358,47 +415,60 @@ class _Server:
             self.handle = None
 
 
-def _run_deployment(run: _Run, dep: DeploymentPlan, points: list[PointPlan]) -> None:
-    """Run the pending points of one deployment; stops the sweep when the failure policy says so."""
+def _run_deployment(run: _Run, dep: DeploymentPlan, source: PointSource) -> None:
+    """Run the points of one deployment, as its source gives them; stops the sweep when the failure policy
+    says so."""
     if run.stop.is_set():
         return
     policy = run.plan.config.on_point_failure
     paths = run.recorder.paths
+    point = source.next(None)
+    if point is None:
+        return
     preflight = run_preflight(dep.name, dep.profile, dep.reserve_gpus, paths.root, paths.preflight_json(dep.name),
                               server_on_this_host=run.options.launcher == "local"
                               or run.launcher.nodes_for(0) == 1, weights=run.weights.get(dep.name))
     if not preflight.ok:
         reason = "preflight: " + "; ".join(preflight.problems)
         run.progress(f"{dep.name}: {reason}")
-        for point in points:
-            run.record_point(failed_record(run.plan, point, reason, [], "infrastructure"))
+        for rest in [point, *source.remaining()]:
+            run.record_point(failed_record(run.plan, rest, reason, [], "infrastructure"))
         if policy == "stop":
             run.stop_by_policy()
         return
     server = _Server(run, dep)
+    first = True
     try:
-        for i, point in enumerate(points):
+        while point is not None:
             if run.stop.is_set():
                 return
             try:
-                record = _point_with_retries(run, dep, point, server, announce=i == 0)
+                record = _point_with_retries(run, dep, point, server, announce=first)
             except ServerStartError as exc:
                 if run.stop.is_set():
+                    return
+                refused = parse_does_not_fit(exc.log_tail) if not isinstance(exc, NotAsRequested) else None
+                if refused is not None:  # a result: the deployment's points say so, the sweep goes on
+                    run.progress(f"{dep.name}: does not fit: {refused.summary}")
+                    for rest in [point, *source.remaining()]:
+                        run.record_point(does_not_fit_record(run.plan, rest, refused.reason, exc.log_tail))
                     return
                 reason = start_failure_reason(exc)
                 kind = "not_as_requested" if isinstance(exc, NotAsRequested) else exc.failure
                 run.progress(f"{dep.name}: {reason}")
-                for rest in points[i:]:
+                for rest in [point, *source.remaining()]:
                     run.record_point(failed_record(run.plan, rest, reason, exc.log_tail, kind))
                 if policy == "stop":
                     run.stop_by_policy()
                 return
+            first = False
             if record is None:  # interrupted: the point stays pending, a resume runs it
                 return
             run.record_point(record)
             if record.status == "failed" and policy == "stop":
                 run.stop_by_policy()
                 return
+            point = source.next(record)
     finally:
         server.stop()
 
@@ -415,7 +485,7 @@ def _point_with_retries(run: _Run, dep: DeploymentPlan, point: PointPlan, server
         if announce or server.starts != restarted_before:
             run.progress(f"{dep.name}: server ready at {handle.base_url}")
         announce = False
-        record = run_point(run.plan, dep, point, handle, run.dataset, run.recorder.paths, run.load_generator,
+        record = run_point(run.plan, dep, point, handle, run.datasets[dep.name], run.recorder.paths, run.load_generator,
                            run.progress, stop=run.stop)
         if run.stop.is_set() and run.interrupted:
             return None

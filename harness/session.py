@@ -23,6 +23,7 @@ from pathlib import Path
 
 from harness.builds.client import ensure_client
 from harness.builds.prepare import prepare_build
+from harness.capacity import CapacityReport, run_capacity, simulate_capacity
 from harness.config import LoadedSweep
 from harness.errors import HarnessError
 from harness.io import display_path
@@ -50,6 +51,7 @@ class SessionOptions:
     clients_dir: Path | None = None  # pinned EvalScope clients (default ~/.cache/hisparse-harness/clients)
     build_first: bool = False  # every build made and checked here before the run (a failed one is reported)
     outputs: bool = True  # the figures and report.md at the end
+    capacity: bool = False  # a capacity search per (arm, context) instead of the planned points
 
 
 @dataclass
@@ -75,12 +77,14 @@ class SessionResult:
     ok: int = 0
     degraded: int = 0
     failed: int = 0
+    does_not_fit: int = 0  # points whose server refused their max_model_len: a result, not a failure
     skipped: int = 0
     status: str = "not run"
     wall_s: float = 0.0
     simulated_s: float = 0.0  # virtual time covered (simulate)
     failures: list[str] = field(default_factory=list)  # one line per failed or degraded point
     infrastructure_failure: str | None = None  # why the sweep could not run (a build, the dataset, the launcher)
+    capacity: CapacityReport | None = None  # the searches' results (harness capacity)
     error: HarnessError | None = None  # the error behind it, for a command that reports it as its own
     outputs: RunOutputs = field(default_factory=RunOutputs)
 
@@ -143,7 +147,16 @@ def run_session(loaded: LoadedSweep, options: SessionOptions, progress: Progress
                 return result
     run_dir = Path(options.results_root) / run_id
     try:
-        if options.simulate:
+        if options.capacity:
+            searched = (simulate_capacity(loaded, SimulateOptions(run_id=run_id, results_root=options.results_root),
+                                          progress) if options.simulate else
+                        run_capacity(loaded, SweepOptions(
+                            run_id=run_id, results_root=options.results_root, launcher=options.launcher,
+                            dialect=options.dialect, ray_gpus=options.ray_gpus, envs_dir=options.envs_dir,
+                            clients_dir=options.clients_dir), progress))
+            outcome, result.capacity = searched.sweep, searched.report
+            result.simulated_s = getattr(outcome, "simulated_s", 0.0)
+        elif options.simulate:
             outcome = simulate_sweep(loaded, SimulateOptions(run_id=run_id, results_root=options.results_root),
                                      progress=progress)
             result.simulated_s = outcome.simulated_s
@@ -153,6 +166,7 @@ def run_session(loaded: LoadedSweep, options: SessionOptions, progress: Progress
                 dialect=options.dialect, ray_gpus=options.ray_gpus, envs_dir=options.envs_dir,
                 clients_dir=options.clients_dir), progress=progress)
         result.ok, result.degraded, result.failed = outcome.ok, outcome.degraded, outcome.failed
+        result.does_not_fit = getattr(outcome, "does_not_fit", 0)
         result.skipped, result.status, result.failures = outcome.skipped, outcome.status, list(outcome.failures)
     except HarnessError as exc:  # a build on this host, the dataset, the launcher: the sweep could not run
         result.infrastructure_failure, result.error = f"the sweep stopped: {exc}", exc

@@ -66,7 +66,7 @@ def run_sweep(sweep: Path, run_id: str, launcher: str = "local", *extra: str,
 
 def points_of(run_dir: Path) -> dict[tuple[str, int], PointRecord]:
     out = {}
-    for path in run_dir.glob("points/*/p*/point.json"):
+    for path in run_dir.glob("points/*/[cp][0-9]*/point.json"):
         record = PointRecord.model_validate_json(path.read_bytes())
         out[(record.deployment, record.concurrency)] = record
     return out

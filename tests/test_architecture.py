@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("harness.results", "harness.summary", "harness.judge", "harness.builds", "harness.servers", "harness.loadgen",
      "harness.fetch", "harness.weights"),
     ("harness.plan",),
-    ("harness.point", "harness.runner", "harness.simulate", "harness.calibrate"),
+    ("harness.point", "harness.runner", "harness.simulate", "harness.calibrate", "harness.capacity"),
     ("harness.report", "harness.nightly", "harness.session"),
     ("harness.commands", "harness.cli", "harness.__main__"),
 ]

@@ -85,6 +85,9 @@ def sizing_warnings(profile: LaunchProfile, seq_len: int, concurrencies: list[in
     result = sizing_for_launch(profile, seq_len, layout)
     mode = "HiSparse" if result.inputs.hisparse_enabled else "baseline (no HiSparse)"
     warnings = []
+    if result.predicted_total == 0:
+        return [f"{mode} holds no request of {seq_len:,} tokens ({result.layout} layout): the server is expected "
+                "to refuse this max_model_len at start-up, and its points to be recorded as does not fit"]
     for parallel in sorted(set(concurrencies)):
         if parallel > result.predicted_total:
             warnings.append(

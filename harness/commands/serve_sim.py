@@ -23,6 +23,8 @@ class ServeSimArgs(CommandArgs):
     port: int | None = option("--port", "port (default: the profile's, else 8000)", type=int)
     time_scale: float | None = option("--time-scale", "simulated seconds per wall second (default: the "
                                       "profile's sim.time_scale)", type=float)
+    max_model_len: int | None = option("--max-model-len", "the admission limit (default: the profile's "
+                                       "serve.max_model_len), as vLLM's flag of that name", type=int)
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +41,9 @@ def run(args: ServeSimArgs) -> int:
             raise HarnessError(f"--time-scale must be > 0, got {args.time_scale}")
         sim = sim.model_copy(update={"time_scale": args.time_scale})
     profile = profile.model_copy(update={"sim": sim})
+    if args.max_model_len is not None:
+        profile = profile.model_copy(update={"serve": profile.serve.model_copy(
+            update={"max_model_len": args.max_model_len})})
     tokenizer = load_tokenizer(sim.tokenizer or default_tokenizer_path())
     host = args.host or profile.host
     port = args.port if args.port is not None else (profile.port or 8000)

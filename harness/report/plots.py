@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from harness.errors import HarnessError
 from harness.metrics.derive import OCCUPANCY_MARGIN_REQ
+from harness.report.capacity import plot_capacity
 from harness.report.figures import save_figure
 from harness.report.labels import Label, place_labels
 from harness.report.timeseries import DeploymentTimeline, load_timeline
@@ -409,6 +410,7 @@ def plot_runs(run_dirs: Iterable[Path | str], out_dir: Path, x: XAxis = "total")
     written += save_figure(build_pareto_figure(df, x), out_dir, "pareto")
     if len(run_dirs) == 1:  # a validation run's predicted-vs-measured figure, beside its Pareto
         written += plot_validation(run_dirs[0], out_dir)
+        written += plot_capacity(run_dirs[0], out_dir)  # a capacity run's figures (harness capacity)
     written += save_figure(build_occupancy_figure(df), out_dir, "occupancy")
     acceptance = build_acceptance_figure(df)
     if acceptance is not None:

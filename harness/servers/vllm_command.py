@@ -133,6 +133,8 @@ def server_command(profile: LaunchProfile, launch_path: Path, *, dialect: Resolv
     if profile.engine == "sim":
         argv = [sys.executable, "-m", "harness", "serve-sim", "--launch", str(Path(launch_path)),
                 "--host", profile.host, "--port", port_arg]
+        if profile.serve.max_model_len is not None:  # a sweep's context sets its own, as it would for vLLM
+            argv += ["--max-model-len", str(profile.serve.max_model_len)]
         return ServerCommand(argv=argv, env=dict(profile.env))
     uses_hisparse = profile.kv.hisparse is not None
     argv = _vllm_program(profile, python)

@@ -24,6 +24,7 @@ from harness.config import LaunchProfile
 from harness.config.sim import SimSettings
 from harness.errors import HarnessError
 from harness.evidence import START_CONCURRENCY, START_ENABLED, START_POOLS
+from harness.sim.capacity import kv_capacity, refusal
 from harness.sim.counters import EngineGauges
 from harness.sim.engine import Engine, EngineConfig, FinishedRequest, SimRequest
 from harness.sim.engine_config import engine_config
@@ -344,7 +345,12 @@ def hisparse_start_lines(config: EngineConfig) -> list[str]:
 
 
 async def serve(server: SimServer, host: str, port: int) -> None:
-    """Serve until cancelled (SIGINT/SIGTERM)."""
+    """Serve until cancelled (SIGINT/SIGTERM); refuse, as vLLM does, a max_model_len whose one request cannot
+    fit the KV cache (HarnessError, after logging vLLM's ValueError)."""
+    refused = refusal(server.config)
+    if refused is not None:
+        server.log(f"ERROR sim: ValueError: {refused}")
+        raise HarnessError(refused)
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, reuse_address=True)
@@ -354,6 +360,7 @@ async def serve(server: SimServer, host: str, port: int) -> None:
     if sockets:
         bound = sockets[0].getsockname()[1]
     server.log(f"sim: SIMULATED engine (no GPU): {server.describe()}")
+    server.log(f"INFO sim: {kv_capacity(server.config).line(server.config.max_model_len)}")
     for line in hisparse_start_lines(server.config):
         server.log(f"INFO sim: {line}")
     if server.profile.api_key:  # as older vLLM releases do: the key appears among the printed arguments
