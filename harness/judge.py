@@ -7,8 +7,9 @@ median of its baseline nights. Both ask the same two questions in the same words
   GPUs per server, the same engine (measured, simulated served, simulated in virtual time) and the same
   workload (where both record it). Anything else is not the same experiment, and is refused, not judged.
 - regressed? `judge`: findings that need no baseline (a point failed or degraded, HiSparse asked for and
-  not on), a deployment or point of the baseline missing, and every gated metric against the baseline's
-  median under its rule (the sweep's `nightly: thresholds:`, the catalogue's defaults where it says none).
+  not on, answers that changed under pressure), a deployment or point of the baseline missing, and every
+  gated metric against the baseline's median under its rule (the sweep's `nightly: thresholds:`, the
+  catalogue's defaults where it says none; the correctness limits are the sweep's `nightly: answers:`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from harness.config.nightly import GateThresholds
+from harness.config.nightly import AnswerThresholds, GateThresholds
+from harness.records import AnswerScores
 
 Reason = Literal["threshold", "metric_missing", "deployment_missing", "point_missing", "point_failed",
-                 "point_degraded", "hisparse_inactive"]
+                 "point_degraded", "hisparse_inactive", "answers_changed"]
 PointKey = tuple[str, int]  # (deployment, concurrency)
 
 
@@ -112,6 +114,7 @@ class Measurement:
     points: Mapping[PointKey, PointResult]
     # per deployment: (HiSparse requested, HiSparse seen active); None where unknown
     hisparse: Mapping[str, tuple[bool | None, bool | None]] = field(default_factory=dict)
+    answers: Mapping[str, AnswerScores] = field(default_factory=dict)  # per deployment: its correctness probe
 
     def point_keys(self) -> list[PointKey]:
         return sorted(self.points)
@@ -127,8 +130,9 @@ def _value_text(value: float) -> str:
     return f"{value:.4g}"
 
 
-def evidence_findings(measured: Measurement) -> Judgement:
-    """Findings that need no baseline: failed or degraded points, HiSparse not on when asked for."""
+def evidence_findings(measured: Measurement, answer_limits: AnswerThresholds | None = None) -> Judgement:
+    """Findings that need no baseline: failed or degraded points, HiSparse not on when asked for, answers
+    that changed under pressure (or differ from the baseline arm's, or are wrong) past the limits."""
     findings, notes = [], []
     for (dep, concurrency), point in sorted(measured.points.items()):
         if point.status == "does_not_fit":  # a result: a regression only where the baseline fitted (below)
@@ -147,7 +151,24 @@ def evidence_findings(measured: Measurement) -> Judgement:
                                     f"{dep}: HiSparse was requested but the server shows it was not active"))
         elif requested and active is None:
             notes.append(f"{dep}: HiSparse requested; no evidence either way that it was active")
+    findings += answer_findings(measured.answers, answer_limits if answer_limits is not None else AnswerThresholds())
     return Judgement(findings, notes)
+
+
+def answer_findings(answers: Mapping[str, AnswerScores], limits: AnswerThresholds) -> list[Finding]:
+    """The correctness gate: each deployment's answer shares against their limits."""
+    out = []
+    for dep, scores in sorted(answers.items()):
+        checks = (("answer_agreement", scores.agreement_under_pressure, limits.agreement_min,
+                   "answers changed under pressure: {v:.0%} equal to its unpressured answers"),
+                  ("answer_baseline_agreement", scores.agreement_with_baseline, limits.baseline_agreement_min,
+                   f"answers differ from the baseline arm {scores.baseline}'s: {{v:.0%}} equal"),
+                  ("answer_score", scores.score, limits.score_min, "answers wrong: {v:.0%} right"))
+        for metric, value, limit, words in checks:
+            if value is not None and limit is not None and value < limit:
+                out.append(Finding(dep, None, metric, None, value, None, f">= {limit:g}", "answers_changed",
+                                   f"{dep}: {words.format(v=value)}, limit {limit:.0%}"))
+    return out
 
 
 def missing_findings(measured: Measurement, baseline: Sequence[Measurement]) -> list[Finding]:
@@ -202,11 +223,12 @@ def metric_findings(measured: Measurement, baseline: Sequence[Measurement],
 
 
 def judge(measured: Measurement, baseline: Sequence[Measurement],
-          thresholds: GateThresholds | None = None) -> Judgement:  # type: ignore[valid-type]
+          thresholds: GateThresholds | None = None,  # type: ignore[valid-type]
+          answer_limits: AnswerThresholds | None = None) -> Judgement:
     """Everything that regressed in `measured` against `baseline` (which may be empty: then only the
     findings that need no baseline)."""
     thresholds = thresholds if thresholds is not None else GateThresholds()
-    evidence = evidence_findings(measured)
+    evidence = evidence_findings(measured, answer_limits)
     findings = list(evidence.findings)
     if baseline:
         findings += missing_findings(measured, baseline) + metric_findings(measured, baseline, thresholds)

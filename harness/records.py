@@ -327,6 +327,77 @@ class HiSparseEvidence(Record):
     metric_families: list[str] = Field(default_factory=list)
 
 
+class Answer(Record):
+    """One greedy answer of the correctness probe."""
+
+    id: str
+    text: str  # the reply's content
+    generated_ids: list[int] | None = None  # the reply's token ids, where the server returns them
+    correct: bool | None = None  # None: the prompt has no known answer
+    error: str | None = None  # the request failed
+
+
+class CorrectnessRecord(Record):
+    """A deployment's correctness probe: the same prompts, greedy, alone and under the sweep's highest point."""
+
+    prompts: str  # the prompt set's file
+    unpressured: list[Answer] = Field(default_factory=list)
+    pressured: list[Answer] = Field(default_factory=list)
+    pressured_concurrency: int | None = None  # the point the pressured answers were asked under
+    pressured_running: float | None = None  # requests the server was running when they were asked
+    pressured_s: float | None = None  # how long asking them took: one request beside the point's, that long
+    note: str | None = None  # why a half is missing
+
+    @staticmethod
+    def agreement(a: list[Answer], b: list[Answer]) -> float | None:
+        """The share of prompts answered the same in both (token ids where both have them, else text)."""
+        theirs = {x.id: x for x in b if x.error is None}
+        pairs = [(x, theirs[x.id]) for x in a if x.error is None and x.id in theirs]
+        if not pairs:
+            return None
+        same = sum(1 for x, y in pairs if (x.generated_ids == y.generated_ids if x.generated_ids is not None
+                                           and y.generated_ids is not None else x.text == y.text))
+        return same / len(pairs)
+
+    @staticmethod
+    def score(answers: list[Answer]) -> float | None:
+        judged = [a.correct for a in answers if a.correct is not None and a.error is None]
+        return sum(judged) / len(judged) if judged else None
+
+    @property
+    def agreement_under_pressure(self) -> float | None:
+        return self.agreement(self.pressured, self.unpressured)
+
+
+class AnswerScores(Record):
+    """What a deployment's correctness probe comes to: the shares the correctness gate judges."""
+
+    agreement_under_pressure: float | None = None  # pressured answers equal to the same server's unpressured ones
+    agreement_with_baseline: float | None = None  # unpressured answers equal to the baseline arm's
+    baseline: str | None = None  # the baseline arm's deployment (None: this is it, or there is none)
+    score: float | None = None  # answers that are right, over both halves, where the prompts have answers
+    asked_under_pressure: bool = False
+
+
+def answer_scores(deployments: dict[str, DeploymentRecord]) -> dict[str, AnswerScores]:
+    """Each probed deployment's scores. The baseline arm is the first deployment without HiSparse (no
+    evidence was needed of it) at the same context: what the others' answers should equal."""
+    probed = {name: d for name, d in deployments.items() if d.correctness is not None}
+    out = {}
+    for name, dep in probed.items():
+        c = dep.correctness
+        baseline = next((other for other, d in probed.items() if d.evidence is None
+                         and d.context_tokens == dep.context_tokens), None)
+        with_baseline = (None if baseline in (None, name)
+                         else CorrectnessRecord.agreement(c.unpressured, probed[baseline].correctness.unpressured))
+        out[name] = AnswerScores(agreement_under_pressure=c.agreement_under_pressure,
+                                 agreement_with_baseline=with_baseline,
+                                 baseline=baseline if baseline != name else None,
+                                 score=CorrectnessRecord.score(c.unpressured + c.pressured),
+                                 asked_under_pressure=bool(c.pressured))
+    return out
+
+
 class StopRecord(Record):
     """One stop of a deployment's server: how long it took, the grace it had, and whether anything had
     to be signalled beyond the server itself or killed."""
@@ -359,6 +430,7 @@ class DeploymentRecord(Record):
     policy: str | None = None  # simulated engine: its KV residency policy
     evidence: HiSparseEvidence | None = None  # what the server showed of HiSparse (HiSparse arms)
     stops: list[StopRecord] = Field(default_factory=list)  # every stop of its server, in order
+    correctness: CorrectnessRecord | None = None  # the greedy probe's answers (served runs)
 
 
 class ResolvedConfig(Record):

@@ -21,6 +21,7 @@ from harness.errors import HarnessError
 from harness.io import atomic_write_json, atomic_write_text, display_path, utc_now_iso
 from harness.records import (
     SCHEMA_VERSION,
+    CorrectnessRecord,
     DeploymentRecord,
     PointRecord,
     ProvenanceRecord,
@@ -212,6 +213,13 @@ class RunRecorder:
         with self._lock:
             record = self._manifest.deployments[name]
             self._manifest.deployments[name] = record.model_copy(update={"stops": [*record.stops, stop]})
+            self._write()
+
+    def record_correctness(self, name: str, correctness: CorrectnessRecord) -> None:
+        """A deployment's probe answers, as they were (never passed through the secret masking of configs)."""
+        with self._lock:
+            record = self._manifest.deployments[name]
+            self._manifest.deployments[name] = record.model_copy(update={"correctness": correctness})
             self._write()
 
     def count_restart(self, name: str) -> None:

@@ -25,6 +25,8 @@ from harness import provenance
 from harness.builds.client import ensure_client
 from harness.builds.prepare import PreparedBuild, prepare_build
 from harness.config import LoadedSweep
+from harness.config.prompts import DEFAULT_PROMPTS, PromptSet, load_prompt_set
+from harness.correctness import PressuredProbe, ProbeTarget, ask
 from harness.dataset import BuiltDataset, ensure_built
 from harness.errors import HarnessError
 from harness.evidence import check_hisparse, parse_does_not_fit
@@ -32,7 +34,15 @@ from harness.io import display_path, utc_now_iso
 from harness.loadgen import LoadGenerator, with_offset
 from harness.plan import DeploymentPlan, Plan, PointPlan, make_plan
 from harness.point import does_not_fit_record, failed_record, run_point
-from harness.records import BuildRecord, DeploymentRecord, PointRecord, StopRecord, WorkloadRecord
+from harness.records import (
+    Answer,
+    BuildRecord,
+    CorrectnessRecord,
+    DeploymentRecord,
+    PointRecord,
+    StopRecord,
+    WorkloadRecord,
+)
 from harness.results import RunRecorder, new_run_id, run_dir_for
 from harness.servers.base import (
     LOCAL_NODE,
@@ -147,6 +157,8 @@ class _Run:
         # by deployment: what a build made here adds to its server's environment (the local launcher;
         # under Ray the node's own preparation returns it)
         self.server_env: dict[str, dict[str, str]] = {}
+        self.prompts: PromptSet | None = None  # the correctness probe's prompts; None: no probe
+        self.correctness: dict[str, CorrectnessRecord] = {}  # by deployment: its probe's answers so far
         self._lock = threading.Lock()
 
     def record_point(self, record: PointRecord) -> None:
@@ -214,6 +226,9 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     recorder = open_recorder(plan, run_dir_for(options.results_root, run_id), planned_points=sources is None)
     outcome = SweepOutcome(run_dir=recorder.paths.root)
 
+    # a search's points are its own probes, each sized to the question it asks; only sweeps ask the prompts
+    probing = sources is None and plan.config.correctness.enabled
+    prompts = load_prompt_set(plan.config.correctness.prompts) if probing else None
     pending = {d.name: [p for p in d.points if not recorder.point_ok(d.name, p.concurrency)] for d in plan.deployments}
     point_sources: dict[str, PointSource] = (
         {d.name: PlannedPoints(pending[d.name]) for d in plan.deployments} if sources is None
@@ -251,6 +266,7 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     launcher = launcher or make_launcher(options)
     run = _Run(plan, recorder, outcome, datasets, launcher, load_generator or LoadGenerator(options.pid_dir),
                options, progress)
+    run.prompts = prompts
     sources_by_dep = point_sources
     run.server_env = {name: prepared.server_env for name, prepared in builds.items()}
     try:
@@ -485,8 +501,14 @@ def _point_with_retries(run: _Run, dep: DeploymentPlan, point: PointPlan, server
         if announce or server.starts != restarted_before:
             run.progress(f"{dep.name}: server ready at {handle.base_url}")
         announce = False
-        record = run_point(run.plan, dep, point, handle, run.datasets[dep.name], run.recorder.paths, run.load_generator,
-                           run.progress, stop=run.stop)
+        _ask_alone(run, dep, handle)
+        probe = _probe_under_pressure(run, dep, point, handle)
+        try:
+            record = run_point(run.plan, dep, point, handle, run.datasets[dep.name], run.recorder.paths,
+                               run.load_generator, run.progress, stop=run.stop)
+        finally:
+            if probe is not None:
+                _record_pressured(run, dep, point, probe)
         if run.stop.is_set() and run.interrupted:
             return None
         record.server_restarted = server.starts > 1 and server.starts != restarted_before
@@ -503,3 +525,56 @@ def _point_with_retries(run: _Run, dep: DeploymentPlan, point: PointPlan, server
             server.stop()
             where = "on a restarted server (cold prefix cache)"
         run.progress(f"{dep.name}: c{point.concurrency}: retrying ({attempt} of {retries}) {where}")
+
+
+def _probe_target(dep: DeploymentPlan, handle: ServerHandle) -> ProbeTarget:
+    return ProbeTarget(handle.base_url, dep.served_model_name, dep.api_key)
+
+
+def _ask_alone(run: _Run, dep: DeploymentPlan, handle: ServerHandle) -> None:
+    """The correctness probe's unpressured half: once per deployment, before its first point."""
+    if run.prompts is None or dep.name in run.correctness or run.stop.is_set():
+        return
+    settings = run.plan.config.correctness
+    answers = ask(_probe_target(dep, handle), run.prompts, settings.max_tokens)
+    record = CorrectnessRecord(prompts=display_path(settings.prompts or DEFAULT_PROMPTS), unpressured=answers)
+    run.correctness[dep.name] = record
+    run.recorder.record_correctness(dep.name, record)
+    run.progress(f"{dep.name}: correctness probe alone: {_answered(answers)}")
+
+
+def _answered(answers: list[Answer]) -> str:
+    failed = sum(1 for a in answers if a.error is not None)
+    score = CorrectnessRecord.score(answers)
+    return (f"{len(answers) - failed} of {len(answers)} answered"
+            + (f", {score:.0%} right" if score is not None else "")
+            + (f" ({failed} failed: {next(a.error for a in answers if a.error)})" if failed else ""))
+
+
+def _probe_under_pressure(run: _Run, dep: DeploymentPlan, point: PointPlan,
+                          handle: ServerHandle) -> PressuredProbe | None:
+    """The pressured half, asked during the deployment's highest point once half its concurrency runs."""
+    if run.prompts is None or dep.name not in run.correctness:
+        return None
+    if point.concurrency != max(p.concurrency for p in dep.points):
+        return None
+    fill = max(1, point.concurrency // 2)
+    return PressuredProbe(_probe_target(dep, handle), run.prompts, run.plan.config.correctness.max_tokens,
+                          fill).start()
+
+
+def _record_pressured(run: _Run, dep: DeploymentPlan, point: PointPlan, probe: PressuredProbe) -> None:
+    probe.finish()
+    record = run.correctness[dep.name].model_copy(update={
+        "pressured": probe.answers, "pressured_concurrency": point.concurrency,
+        "pressured_running": probe.running, "pressured_s": probe.asked_s, "note": probe.note})
+    run.correctness[dep.name] = record
+    run.recorder.record_correctness(dep.name, record)
+    if probe.answers:
+        agreement = record.agreement_under_pressure
+        same = "-" if agreement is None else f"{agreement:.0%}"
+        running = "?" if probe.running is None else f"{probe.running:.0f}"
+        run.progress(f"{dep.name}: correctness probe at c{point.concurrency} ({running} running): "
+                     f"{_answered(probe.answers)}, {same} the same as alone")
+    else:
+        run.progress(f"{dep.name}: correctness probe under pressure: {probe.note}")

@@ -27,8 +27,9 @@ assumed_output_length: 64
 
 
 def write_sweep(tmp_path: Path, arms: dict[str, str], points: list[tuple[int, int]],
-                policy: str = "continue") -> Path:
-    """A small sweep over simulated arms; each arm's text is appended to a profile extending sim-hisparse."""
+                policy: str = "continue", correctness: bool = False, extra: str = "") -> Path:
+    """A small sweep over simulated arms; each arm's text is appended to a profile extending sim-hisparse.
+    The correctness probe is off unless asked for: its requests would shift the request-counting faults."""
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     deployments = []
     for name, extra in arms.items():
@@ -47,9 +48,10 @@ client:
   points:
 {point_lines}
 scrape: {{interval_s: 0.25}}
+correctness: {{enabled: {str(correctness).lower()}}}
 deployments:
 {chr(10).join(deployments)}
-""")
+{extra}""")
     return tmp_path / "sweep.yaml"
 
 

@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("harness.calc", "harness.metrics", "harness.dataset", "harness.sim", "harness.hub", "harness.hub_rows",
      "harness.provenance", "harness.evidence", "harness.telemetry"),
     ("harness.results", "harness.summary", "harness.judge", "harness.builds", "harness.servers", "harness.loadgen",
-     "harness.fetch", "harness.weights"),
+     "harness.correctness", "harness.fetch", "harness.weights"),
     ("harness.plan",),
     ("harness.point", "harness.runner", "harness.simulate", "harness.calibrate", "harness.capacity"),
     ("harness.report", "harness.nightly", "harness.session"),
@@ -155,3 +155,12 @@ def test_the_checker_sees_a_circle_and_an_upward_import(tmp_path, monkeypatch):
     assert edges["harness.config.x"] == {"harness.plan"} and edges["harness.plan"] == {"harness.config.x"}
     assert _cycles(edges) == [["harness.config.x", "harness.plan"]]
     assert _layer("harness.config.x") < _layer("harness.plan")  # the config -> plan edge goes up
+
+
+def test_the_layer_diagram_in_the_docs_is_this_tests_layers():
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    diagram = text[text.index("```\n8  commands"):].split("```")[1]
+    shown = {int(line[0]): {n.strip() for n in line[1:].split(",")} for line in diagram.strip().splitlines()}
+    wanted = {i: {m.removeprefix("harness.") for m in layer if m != "harness"} for i, layer in enumerate(LAYERS)}
+    wanted[8].discard("__main__")
+    assert shown == wanted

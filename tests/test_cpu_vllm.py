@@ -99,6 +99,29 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
     assert len(checks) >= 2 and "FAILED" not in log, "the engine core and its worker each check dispatch"
     assert "hisparse_kernels" not in (run_dir / "deployments/cpu-baseline/server.log").read_text(errors="replace")
 
+    # every server stop is in the run folder with its duration and grace; none needed a kill
+    for dep in ("cpu-baseline", "cpu-pressured"):
+        stops = manifest["deployments"][dep]["stops"]
+        assert stops and all(s["exited_in_grace"] and not s["killed"] and not s["survivors"] for s in stops), stops
+        assert all(0 < s["duration_s"] < s["grace_s"] for s in stops), stops
+        durations = ", ".join(f"{s['duration_s']:.1f}" for s in stops)
+        print(f"{dep}: stopped in {durations} s (grace {stops[0]['grace_s']:.0f} s)")
+
+    # the correctness probe asked both arms alone and under c8, through the same server; vLLM returned the
+    # token ids, and greedy answers of the same server agree (docs/correctness.md, "On vLLM for CPU")
+    answers = {}
+    for dep in ("cpu-baseline", "cpu-pressured"):
+        probe = manifest["deployments"][dep]["correctness"]
+        assert len(probe["unpressured"]) == len(probe["pressured"]) == 8, probe
+        assert probe["pressured_concurrency"] == 8 and probe["pressured_running"] >= 4, probe
+        assert all(a["error"] is None and a["generated_ids"] for a in probe["unpressured"] + probe["pressured"])
+        alone = {a["id"]: a["generated_ids"] for a in probe["unpressured"]}
+        answers[dep] = sum(a["generated_ids"] == alone[a["id"]] for a in probe["pressured"]) / 8
+    print(f"answers the same under pressure as alone: {answers}")
+    assert min(answers.values()) >= 0.75, answers  # the gate's default limit
+    report = (run_dir / "report.md").read_text()
+    assert "## Correctness" in report and "**fails**" not in report
+
     def ours() -> list[tuple[int, str]]:
         return [(pid, cmd) for pid, cmd in vllm_processes() if pid not in before]
 

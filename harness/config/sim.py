@@ -29,6 +29,9 @@ class FaultSettings(StrictModel):
     ignore_hisparse: bool = Field(default=False, description="accept kv.hisparse and silently run without it, "
                                   "as a build that ignores the flags would: no start lines, no vllm:hisparse_ "
                                   "metrics (the harness must refuse the arm)")
+    corrupt_under_pressure: int | None = Field(default=None, ge=1, description="greedy replies asked while "
+                                               "this many requests run come out different (the correctness "
+                                               "gate must catch it)")
 
 
 class SimSettings(StrictModel):

@@ -69,13 +69,13 @@ def gate_night(night: NightRecord, history: Sequence[NightRecord],
         notes.append(f"infrastructure failure: {night.infrastructure_failure}")
     tonight = night.measurement()
     if not night.rows:
-        evidence = judge(tonight, [])
+        evidence = judge(tonight, [], answer_limits=settings.answers)
         return GateResult(night.night_id, "not_comparable", evidence.findings,
                           notes + evidence.notes + ["no point recorded: the sweep did not run (infrastructure)"])
     measured = [n for n in earlier if n.measured]
     comparable = [n for n in measured if n.comparable_with(night)]
     baseline = comparable[-settings.baseline_nights:]
-    judged = judge(tonight, [n.measurement() for n in baseline], settings.thresholds)
+    judged = judge(tonight, [n.measurement() for n in baseline], settings.thresholds, settings.answers)
     notes += judged.notes
     outcome: Outcome = "pass"
     if not baseline:

@@ -13,7 +13,7 @@ _HEADLINE = {"pass": "PASS", "regression": "REGRESSION", "not_comparable": "NOT 
 _REASONS = {"threshold": "beyond threshold", "metric_missing": "metric missing",
             "deployment_missing": "deployment missing", "point_missing": "point missing",
             "point_failed": "point failed", "point_degraded": "requests failed",
-            "hisparse_inactive": "HiSparse not active"}
+            "hisparse_inactive": "HiSparse not active", "answers_changed": "answers changed under pressure"}
 
 
 def number(value: float | None) -> str:

@@ -23,7 +23,7 @@ from harness.nightly.record import (
     NightRow,
     validation_message,
 )
-from harness.records import RunManifest
+from harness.records import RunManifest, answer_scores
 from harness.results import read_manifest
 from harness.summary import load_runs
 
@@ -48,6 +48,7 @@ def _manifest_facts(m: RunManifest) -> _ManifestFacts:
     """What a night keeps of the run's manifest (typed; every field may be absent in an old run)."""
     prov, resolved = m.provenance, m.resolved
     deployments = {}
+    answers = answer_scores(m.deployments)
     for name, dep in m.deployments.items():
         build, evidence = dep.build, dep.evidence
         requested = evidence.hisparse_requested if evidence is not None else resolved.hisparse_requested(name)
@@ -59,7 +60,8 @@ def _manifest_facts(m: RunManifest) -> _ManifestFacts:
             lock_sha256=build.lock.sha256 if build and build.lock else None,
             launch_sha256=json_digest(launch) if launch else None,
             hisparse_requested=requested,
-            hisparse_active=evidence.hisparse_active if evidence is not None else None)
+            hisparse_active=evidence.hisparse_active if evidence is not None else None,
+            answers=answers.get(name))
     simulated = bool(m.simulated)
     if simulated:  # the simulated hardware is the one the profiles declare; the host's GPUs ran nothing
         gpu_facts = GpuFacts(model=m.gpu_model)

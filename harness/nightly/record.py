@@ -13,6 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, f
 
 from harness.config.nightly import GATEABLE_METRICS, NightlySettings
 from harness.judge import Experiment, Measurement, PointResult
+from harness.records import AnswerScores
 from harness.summary import COLUMNS
 
 NIGHT_FORMAT = "harness-night"
@@ -73,6 +74,7 @@ class DeploymentFacts(BaseModel):
     launch_sha256: str | None = None
     hisparse_requested: bool | None = None
     hisparse_active: bool | None = None  # None: no evidence either way
+    answers: AnswerScores | None = None  # the correctness probe's scores; None: not probed
 
 
 # the provenance fields compared between nights, in the order a report names them
@@ -142,7 +144,8 @@ class NightRecord(BaseModel):
                 total_requests=r.total_requests, conversations=r.conversations,
                 values={m: getattr(r, m, None) for m in GATEABLE_METRICS})
         hisparse = {dep: (f.hisparse_requested, f.hisparse_active) for dep, f in self.deployments.items()}
-        return Measurement(self.night_id, self.experiment, points, hisparse)
+        answers = {dep: f.answers for dep, f in self.deployments.items() if f.answers is not None}
+        return Measurement(self.night_id, self.experiment, points, hisparse, answers)
 
     @property
     def measured(self) -> bool:

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.catalogue import Metric, table_metrics
-from harness.config.nightly import GATEABLE_METRICS, GateThresholds, MetricRule
+from harness.config.nightly import GATEABLE_METRICS, AnswerThresholds, GateThresholds, MetricRule
 from harness.errors import HarnessError
 from harness.io import atomic_write_json
 from harness.judge import Experiment, Finding, Measurement, PointResult, judge
-from harness.records import RunManifest, WorkloadRecord
+from harness.records import AnswerScores, RunManifest, WorkloadRecord, answer_scores
 from harness.results import read_manifest
 from harness.summary import load_runs
 
@@ -65,6 +65,8 @@ class Reference:
     builds: dict[str, dict[str, str | None]] = field(default_factory=dict)  # deployment -> build identity
     hisparse: dict[str, tuple[bool | None, bool | None]] = field(default_factory=dict)  # dep -> (asked, on)
     thresholds: GateThresholds | None = None  # type: ignore[valid-type]  # the run's own sweep's; None: defaults
+    answers: dict[str, AnswerScores] = field(default_factory=dict)  # dep -> its correctness probe's scores
+    answer_limits: AnswerThresholds | None = None  # the run's own sweep's; None: defaults
 
     @property
     def experiment(self) -> Experiment:
@@ -75,7 +77,7 @@ class Reference:
         points = {key: PointResult(status=p.status, reason=p.reason, failed_requests=p.failed_requests,
                                    total_requests=p.total_requests, conversations=p.conversations, values=p.values)
                   for key, p in self.points.items()}
-        return Measurement(self.run_id, self.experiment, points, self.hisparse)
+        return Measurement(self.run_id, self.experiment, points, self.hisparse, self.answers)
 
     def to_json(self) -> dict[str, Any]:
         deployments: dict[str, dict[str, Any]] = {}
@@ -164,7 +166,8 @@ def reference_from_run(run_dir: Path) -> Reference:
     return Reference(source=str(run_dir), run_id=manifest.run_id, gpu_model=manifest.gpu_model,
                      gpus_per_server=manifest.gpus_per_server, simulated=manifest.simulated,
                      workload=manifest.workload.identity(), points=points, builds=build_identity(manifest),
-                     hisparse=hisparse, thresholds=nightly.thresholds if nightly else None)
+                     hisparse=hisparse, thresholds=nightly.thresholds if nightly else None,
+                     answers=answer_scores(manifest.deployments), answer_limits=nightly.answers if nightly else None)
 
 
 def reference_from_json(path: Path) -> Reference:
@@ -308,7 +311,7 @@ def compare_runs(run: Path, reference: Path, tolerance: float | None = None) -> 
     rules = "the sweep's nightly thresholds" if current.thresholds is not None else "the default thresholds"
     if tolerance is not None:
         thresholds, rules = with_tolerance(thresholds, tolerance), f"tolerance {tolerance:.0%}"
-    judged = judge(current.measurement(), [ref.measurement()], thresholds)
+    judged = judge(current.measurement(), [ref.measurement()], thresholds, current.answer_limits)
     comparison = Comparison(current.run_id, ref.run_id, rules, findings=judged.findings,
                             notes=current.experiment.unknown(ref.experiment) + judged.notes,
                             build_differences=build_differences(current, ref))

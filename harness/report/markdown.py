@@ -13,6 +13,7 @@ from harness.metrics.derive import LATENCIES, PERCENTILE_METHOD, PERCENTILES, pe
 from harness.records import PointRecord, RunManifest
 from harness.report import evidence
 from harness.report.capacity import capacity_section
+from harness.report.correctness import correctness_section
 from harness.report.plots import BATCH, GAUGE, OCCUPANCY_MARGIN_REQ, occupancy_reading
 from harness.results import RunPaths, iter_points, read_manifest
 
@@ -284,7 +285,8 @@ def _deployments(run_dir: Path, manifest: RunManifest) -> list[str]:
     lines: list[str] = []
     for dep, entry in manifest.deployments.items():
         lines.append(f"### {dep}")
-        for key, value in entry.model_dump(mode="json", exclude_none=True).items():
+        # the probe's answers have their own section
+        for key, value in entry.model_dump(mode="json", exclude_none=True, exclude={"correctness"}).items():
             if value in ({}, []):
                 continue
             lines.append(f"- {key}: {value if isinstance(value, str) else json.dumps(value)}")
@@ -334,6 +336,7 @@ def render_report(run_dir: Path, plots_dir: Path) -> str:
     out += ["", "## Figures", ""]
     out += _figures(run_dir, Path(plots_dir))
     out += ["", "## HiSparse evidence", ""] + evidence.evidence_section(manifest, points)
+    out += ["", "## Correctness", ""] + correctness_section(manifest)
     out += ["", "## Provenance", ""] + _provenance(manifest) + ["", "## Deployments", ""] + _deployments(run_dir, manifest)
     return "\n".join(out).rstrip() + "\n"
 

@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from harness.config import LaunchProfile
+from harness.config.prompts import load_prompt_set
 from harness.config.sim import SimSettings
 from harness.errors import HarnessError
 from harness.evidence import START_CONCURRENCY, START_ENABLED, START_POOLS
@@ -40,6 +41,9 @@ class _Stream:
     queue: asyncio.Queue
     sent_tokens: int = 0
     output_tokens: int = 0  # the reply's length, decided when the request arrives
+    reasoning_tokens: int = 0  # how many of them are reasoning (with a reasoning parser and thinking on)
+    text: str | None = None  # a fixed reply (greedy answers), sent whole with the first content token
+    return_token_ids: bool = False  # vLLM's `return_token_ids`: the reply carries its generated token ids
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
@@ -61,10 +65,13 @@ class SimServer:
         self.published: EngineGauges = self.engine.gauges()
         self.metrics = MetricsText(self.engine, self.model_name, gauges=lambda: self.published)
         self.measurer = PromptMeasurer(tokenizer, self.config.block_size)
+        self.tokenizer = tokenizer
         ids = tokenizer.encode_bare(FILLER_TEXT)
         self.filler = [tokenizer.decode([i]) for i in ids] or [" ok"]
         self.faults = self.sim.faults
         self.rng = random.Random(self.sim.seed)
+        # greedy replies to the shipped correctness prompts: their right answers, as a model that knows them
+        self.answers = {p.prompt: p.answer for p in load_prompt_set().prompts if p.answer is not None}
         self.streams: dict[str, _Stream] = {}
         self.completed_requests = 0
         self.started_monotonic = time.monotonic()
@@ -165,10 +172,10 @@ class SimServer:
             return _error(400, f"This model's maximum context length is {self.config.max_model_len} tokens. "
                           f"However, you requested {max_tokens} output tokens and your prompt contains "
                           f"{shape.tokens} input tokens.", "BadRequestError")
-        ignore_eos = bool(body.get("ignore_eos", False))
-        output = max_tokens if ignore_eos else self.rng.randint(max(1, max_tokens // 2), max_tokens)
+        stream = self._reply(body, messages, max_tokens)
+        stream.return_token_ids = body.get("return_token_ids") is True
+        output = stream.output_tokens
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = _Stream(asyncio.Queue(), output_tokens=output)
         self.streams[rid] = stream
         try:
             self.engine.add_request(SimRequest(rid, shape.tokens, shape.block_hashes, max_tokens, output),
@@ -186,23 +193,46 @@ class SimServer:
             self.streams.pop(rid, None)
             self.engine.abort(rid)  # no-op when finished; frees the KV of a client that went away
 
+    def _reply(self, body: dict[str, Any], messages: list[dict[str, Any]], max_tokens: int) -> _Stream:
+        """What the reply will be: its length, its reasoning share and, for a shipped correctness prompt, its
+        text.
+
+        Replies end anywhere in the second half of max_tokens (all of it with ignore_eos). A shipped correctness
+        prompt gets its right answer, the same every time, as a model that knows it would greedily; with
+        `faults.corrupt_under_pressure`, one asked while that many requests run gets a wrong one, as a kernel
+        that corrupts KV under pressure would give."""
+        last = messages[-1].get("content")
+        answer = self.answers.get(last) if isinstance(last, str) else None
+        if answer is not None:  # no draw from the seeded sequence: probing leaves the sweep's replies as they were
+            corrupt = self.faults.corrupt_under_pressure
+            if corrupt is not None and len(self.engine.running) >= corrupt:
+                self.log(f"sim: a wrong answer at {len(self.engine.running)} running "
+                         "(sim.faults.corrupt_under_pressure)")
+                answer = answer * 2  # token noise: the answer twice, which is no longer the answer
+            return _Stream(asyncio.Queue(), output_tokens=min(max_tokens, 2), text=answer)
+        ignore_eos = bool(body.get("ignore_eos", False))
+        output = max_tokens if ignore_eos else self.rng.randint(max(1, max_tokens // 2), max_tokens)
+        thinking = (body.get("chat_template_kwargs") or {}).get("enable_thinking", True) is not False
+        # With a reasoning parser (serve.reasoning_parser, as the blog's glm45) the first half of a reply is
+        # reasoning, streamed as `delta.reasoning` the way vLLM's parser separates it; none without one.
+        reasoning = output // 2 if self.profile.serve.reasoning_parser and thinking else 0
+        return _Stream(asyncio.Queue(), output_tokens=output, reasoning_tokens=reasoning)
+
     def _text(self, start: int, n: int) -> str:
         return "".join(self.filler[(start + i) % len(self.filler)] for i in range(n))
 
-    def _reasoning_tokens(self, output_tokens: int) -> int:
-        """With a reasoning parser (serve.reasoning_parser, as the blog's glm45) the first half of a reply is
-        reasoning, streamed as `delta.reasoning` the way vLLM's parser separates it; none without one."""
-        return output_tokens // 2 if self.profile.serve.reasoning_parser else 0
-
-    def _delta(self, start: int, n: int, output_tokens: int) -> dict[str, str]:
+    def _delta(self, stream: _Stream, start: int, n: int) -> dict[str, str]:
         """The delta for tokens [start, start + n): reasoning first, then content."""
-        split = self._reasoning_tokens(output_tokens)
+        split = stream.reasoning_tokens
         delta: dict[str, str] = {}
         if start < split:
             delta["reasoning"] = self._text(start, min(n, split - start))
         if start + n > split:
             first = max(start, split)
-            delta["content"] = self._text(first, start + n - first)
+            if stream.text is None:
+                delta["content"] = self._text(first, start + n - first)
+            else:
+                delta["content"] = stream.text if first == split else ""
         return delta
 
     def _usage(self, done: FinishedRequest) -> dict[str, Any]:
@@ -217,13 +247,16 @@ class SimServer:
             if done is not None:
                 break
         self._count_completion()
-        message: dict[str, Any] = {"role": "assistant", **self._delta(0, done.output_tokens, done.output_tokens),
-                                   "tool_calls": []}
+        delta = self._delta(stream, 0, done.output_tokens)
+        message: dict[str, Any] = {"role": "assistant", **delta, "tool_calls": []}
         message.setdefault("content", "")
+        choice: dict[str, Any] = {"index": 0, "message": message, "logprobs": None,
+                                  "finish_reason": done.finish_reason, "stop_reason": None}
+        if stream.return_token_ids:
+            choice["token_ids"] = self.tokenizer.encode_bare(delta.get("reasoning", "") + message["content"])
         return web.json_response({
             "id": rid, "object": "chat.completion", "created": int(time.time()), "model": self.model_name,
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": done.finish_reason,
-                         "stop_reason": None}],
+            "choices": [choice],
             "usage": self._usage(done)})
 
     async def _stream(self, request: web.Request, rid: str, stream: _Stream,
@@ -255,7 +288,7 @@ class SimServer:
                 stalled = True
                 self.log(f"sim: stalling {rid} for {self.faults.stall_s} s (sim.faults.stall_after_tokens)")
                 await asyncio.sleep(self.faults.stall_s)
-            delta = self._delta(stream.sent_tokens, value, stream.output_tokens) if value else {}
+            delta = self._delta(stream, stream.sent_tokens, value) if value else {}
             choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
                                       "finish_reason": done.finish_reason if done else None}
             if done is not None:
