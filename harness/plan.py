@@ -117,8 +117,8 @@ class DatasetNeed:
     recipe_name: str
     conversations_needed: int
     conversations_built: int  # what the recipe builds (the builder makes at least the need)
-    mode: str = "fresh"  # the recipe's reuse: fresh, or blog (exactly conversations_built, rotating)
-    resends: tuple[tuple[int, int], ...] = ()  # blog mode: (concurrency, warmed conversations it re-sends)
+    mode: str = "fresh"  # the recipe's reuse: fresh, or shared (exactly conversations_built, rotating)
+    resends: tuple[tuple[int, int], ...] = ()  # shared mode: (concurrency, warmed conversations it re-sends)
     retry_reserve: int = 0  # spare conversations after the need, for retries that shift to fresh ones
 
     @property
@@ -127,13 +127,13 @@ class DatasetNeed:
 
     @property
     def build_conversations(self) -> int:
-        """How many conversations the run builds: the need (fresh), or exactly the recipe's (blog)."""
-        if self.mode == "blog":
+        """How many conversations the run builds: the need (fresh), or exactly the recipe's (shared)."""
+        if self.mode == "shared":
             return self.conversations_built
         return max(self.conversations_built, self.conversations_needed + self.retry_reserve)
 
     def describe(self) -> str:
-        if self.mode != "blog":
+        if self.mode != "shared":
             spare = f" + {self.retry_reserve} spare for retries" if self.retry_reserve else ""
             return (f"{self.conversations_needed} conversations needed{spare}, {self.build_conversations} built: "
                     "fresh conversations at every point")
@@ -346,14 +346,14 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
             arm=dep.arm, context_tokens=dep.context_tokens, recipe=dep.recipe))
     recipe = loaded.dataset_recipe
     resends = ()
-    if recipe.reuse == "blog":
+    if recipe.reuse == "shared":
         by_point = warmed_resends([(p.concurrency, off, p.conversations) for p, off in zip(specs, offsets, strict=True)],
                                   recipe.conversations)
         resends = tuple(sorted(by_point.items()))
     reserve = 0
     if sweep.retry_cache == "shift" and sweep.max_point_retries:
-        if recipe.reuse == "blog":
-            raise ConfigError(loaded.path, "retry_cache shift needs spare conversations, and the recipe's reuse: blog "
+        if recipe.reuse == "shared":
+            raise ConfigError(loaded.path, "retry_cache shift needs spare conversations, and the recipe's reuse: shared "
                               "builds exactly its conversations; use retry_cache: restart", "retry_cache")
         reserve = sweep.max_point_retries * sum(p.conversations for p in specs)
     need = DatasetNeed(recipe_path=loaded.recipe.path, recipe_name=recipe.name,
@@ -362,7 +362,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
     blog, parser = _reproduces_blog(loaded)
     if blog and (note := blog_client_warning(client, parser)):
         warnings.append(note)
-    if recipe.reuse == "blog":
+    if recipe.reuse == "shared":
         if resends:
             warnings.append(f"dataset {display_path(need.recipe_path)} reuses conversations as the blog did: "
                             + need.describe() + "; their prefixes are already in the prefix cache")

@@ -241,6 +241,10 @@ class ProvenanceRecord(Record):
     simulated: str | None = None  # how the numbers were made when no real server ran
 
 
+# a recipe's `reuse` as runs before its rename recorded it: the same workload under its new name
+OLD_REUSE_NAMES = {"blog": "shared"}
+
+
 class WorkloadRecord(Record):
     """What a request looks like: the recipe's shape and the dataset the points read."""
 
@@ -251,9 +255,14 @@ class WorkloadRecord(Record):
     max_tokens: int | None = None
     conversations_needed: int | None = None
     conversations_built: int | None = None
-    conversation_reuse: str | None = None  # "blog": the blog's 128 conversations re-sent by later points
+    conversation_reuse: str | None = None  # "shared": the recipe's conversations re-sent by later points
     dataset_sha256: str | None = None
     source: str | None = None
+
+    @field_validator("conversation_reuse")
+    @classmethod
+    def _old_reuse_name(cls, value: str | None) -> str | None:
+        return OLD_REUSE_NAMES.get(value, value) if value is not None else None
 
     def identity(self) -> dict[str, object]:
         """What makes two workloads the same experiment: not how many conversations a sweep needs

@@ -52,7 +52,7 @@ def test_worked_values_default_host_pool(seq_len, hot_rows, baseline, hisparse, 
     assert result.host_pool_is_default
     assert result.host_pool_gib == max(16, result.min_host_pool_per_dp_gib)
     assert result.hisparse_limiter == "gpu"
-    assert result.layout == "blog"
+    assert result.layout == "unscaled"
 
 
 def test_host_pool_fixed_at_134_gib_limits_142000_tokens_to_22():
@@ -134,7 +134,7 @@ def test_vllm_layout_rows_match_the_656_byte_row():
     fp8 = BLOCK_BYTES[("vllm", "fp8")]
     assert fp8.host == 64 * 78 * 656
     assert fp8.baseline == 64 * (78 * 656 + 21 * 132)
-    assert BLOCK_BYTES[("blog", "fp8")].host == 64 * 78 * 576
+    assert BLOCK_BYTES[("unscaled", "fp8")].host == 64 * 78 * 576
 
 
 def test_gpu_presets_and_custom_hbm():
@@ -195,7 +195,7 @@ def test_result_is_pure_and_json_round_trips():
     assert first == second
     data = json.loads(first.model_dump_json())
     assert data["hisparse_total"] == first.hisparse_total
-    assert data["layout"] == "blog"
+    assert data["layout"] == "unscaled"
     assert CalcResult.model_validate(data) == first
 
 
@@ -266,7 +266,7 @@ def test_bad_inputs_give_one_line_errors(fields, needle):
 @settings(max_examples=60, deadline=None)
 @given(seq_len=st.integers(1, 2_000_000), tp=st.sampled_from([1, 2, 4, 8]), dp=st.integers(1, 8),
        ep=st.booleans(), gpu=st.sampled_from(["H200", "B200", "B300"]),
-       dtype=st.sampled_from(["fp8", "bf16"]), layout=st.sampled_from(["blog", "vllm"]),
+       dtype=st.sampled_from(["fp8", "bf16"]), layout=st.sampled_from(["unscaled", "vllm"]),
        hot_rows=st.integers(64, 32_768), max_num_seqs=st.integers(1, 2048))
 def test_invariants(seq_len, tp, dp, ep, gpu, dtype, layout, hot_rows, max_num_seqs):
     r = calc(seq_len=seq_len, tp=tp, dp=dp, expert_parallel=ep, gpu=gpu, kv_dtype=dtype, layout=layout,

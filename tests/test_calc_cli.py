@@ -29,7 +29,7 @@ def test_default_table_is_the_pages_default():
     assert "baseline concurrency    4" in out
     assert "HiSparse concurrency    39" in out
     assert "134 GiB per DP replica" in out
-    assert "blog: the calculator page's constants" in out
+    assert "unscaled: the calculator page's constants" in out
 
 
 def test_json_parses_and_states_the_layout():
@@ -80,8 +80,11 @@ def test_from_launch(tmp_path):
     data = json.loads(proc.stdout)
     assert data["inputs"]["seq_len"] == 142_000 and data["layout"] == "vllm"
     assert (data["hisparse_total"], data["host_pool_gib"]) == (16, 384)
-    proc = harness_calc("--from-launch", str(path), "--seq-len", "81920", "--layout", "blog", "--json")
+    proc = harness_calc("--from-launch", str(path), "--seq-len", "81920", "--layout", "unscaled", "--json")
     assert json.loads(proc.stdout)["hisparse_total"] == 22
+    old = harness_calc("--from-launch", str(path), "--seq-len", "81920", "--layout", "blog", "--json")
+    assert old.returncode == 0 and json.loads(old.stdout) == json.loads(proc.stdout)  # the old name still works
+    assert old.stderr.strip() == "--layout blog: deprecated: now --layout unscaled"
     proc = harness_calc("--from-launch", str(path), "--tp", "4")
     assert proc.returncode == 2 and "--tp: not with --from-launch" in proc.stderr
 

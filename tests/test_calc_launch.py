@@ -45,7 +45,7 @@ def test_blog_arm_inputs(tmp_path):
 
 def test_blog_arm_prediction_both_layouts(tmp_path):
     arm = profile(tmp_path)
-    blog = sizing_for_launch(arm, 142_000, layout="blog")
+    blog = sizing_for_launch(arm, 142_000, layout="unscaled")
     assert (blog.baseline_total, blog.hisparse_total, blog.predicted_total) == (2, 18, 18)
     assert blog.hisparse_limiter == "gpu" and blog.min_host_pool_per_dp_gib == 107
     real = sizing_for_launch(arm, 142_000)
@@ -61,7 +61,7 @@ def test_blog_arm_warns_only_about_queueing_points(tmp_path):
     assert len(warnings) == 2
     assert all("measures queueing" in w for w in warnings)
     assert "concurrency 24 exceeds the predicted HiSparse concurrency 16" in warnings[0]
-    assert sizing_warnings(profile(tmp_path), 142_000, [1, 8, 16], layout="blog") == []
+    assert sizing_warnings(profile(tmp_path), 142_000, [1, 8, 16], layout="unscaled") == []
 
 
 def test_host_pool_below_minimum_warns(tmp_path):

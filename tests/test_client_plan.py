@@ -61,9 +61,9 @@ def test_evalscope_rotation_and_what_later_points_re_send():
     assert with_offset(argv, 216) == ["evalscope", "perf", "--dataset-offset", "216", "--number", "4"]
 
 
-def test_a_shift_retry_cannot_take_spares_from_the_blogs_exact_dataset(tmp_path):
+def test_a_shift_retry_cannot_take_spares_from_a_shared_dataset(tmp_path):
     recipe = (ROOT / "datasets/sim-sample.yaml").read_text().replace("../harness/", f"{ROOT}/harness/")
-    (tmp_path / "r.yaml").write_text(recipe + "reuse: blog\n")
+    (tmp_path / "r.yaml").write_text(recipe + "reuse: shared\n")
     sweep = (ROOT / "sweeps/sim.yaml").read_text().replace("../datasets/sim-sample.yaml", "r.yaml")
     sweep = sweep.replace("../launch/", f"{ROOT}/launch/")
     (tmp_path / "s.yaml").write_text(sweep + "max_point_retries: 1\nretry_cache: shift\n")

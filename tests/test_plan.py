@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
 import subprocess
 import sys
+from contextlib import redirect_stderr
 from pathlib import Path
 
 import pytest
@@ -152,10 +154,18 @@ def test_small_dataset_warns_about_reuse(tmp_path):
     assert plan.dataset.reuse and plan.dataset.conversations_needed == 216
     assert plan.dataset.build_conversations == 216 and plan.dataset.mode == "fresh"
     assert any("re-send" in w for w in plan.warnings)
-    (tmp_path / "r.yaml").write_text((tmp_path / "r.yaml").read_text() + "reuse: blog\n")
-    blog = make_plan(load_sweep(tmp_path / "s.yaml"))
-    assert blog.dataset.build_conversations == 128 and blog.dataset.resends == ((32, 36),)
-    assert any("c32 re-sends 36" in w for w in blog.warnings)
+    fresh_recipe = (tmp_path / "r.yaml").read_text()
+    (tmp_path / "r.yaml").write_text(fresh_recipe + "reuse: shared\n")
+    shared = make_plan(load_sweep(tmp_path / "s.yaml"))
+    assert shared.dataset.build_conversations == 128 and shared.dataset.resends == ((32, 36),)
+    assert shared.dataset.mode == "shared" and any("c32 re-sends 36" in w for w in shared.warnings)
+    # the old name of the same behaviour still reads, and says so once
+    (tmp_path / "r.yaml").write_text(fresh_recipe + "reuse: blog\n")
+    err = io.StringIO()
+    with redirect_stderr(err):
+        old = make_plan(load_sweep(tmp_path / "s.yaml"))
+    assert old.dataset == shared.dataset
+    assert "r.yaml: deprecated: reuse: `blog` is now `shared`" in err.getvalue()
 
 
 @pytest.mark.parametrize("base,numbers,expected", [(52, [4, 16, 32, 48, 64], [52, 56, 72, 104, 152]),

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from harness.errors import HarnessError
-from harness.schema import StrictModel
+from harness.schema import StrictModel, note_deprecated
 
 GIB = 2**30
 BLOCK_TOKENS = 64
@@ -39,7 +39,9 @@ ROUTED_EXPERT_WEIGHTS_GIB = 684.167
 GPU_HBM_GB: dict[str, float] = {"H200": 141.0, "B200": 180.0, "B300": 288.0}
 
 KvDtype = Literal["fp8", "bf16"]
-Layout = Literal["blog", "vllm"]
+Layout = Literal["unscaled", "vllm"]
+# the old name of "unscaled" (the calculator page the blog links), still read with a deprecation line
+OLD_LAYOUT_NAMES = {"blog": "unscaled"}
 
 
 @dataclass(frozen=True)
@@ -51,19 +53,27 @@ class BlockBytes:
     host: int  # latent rows of all 78 layers, in the pinned host pool
 
 
-# `blog`: the calculator page's constants, built on 576-byte fp8 rows (1,152-byte bf16 rows).
+# `unscaled`: the calculator page's constants, built on 576-byte fp8 rows with no scale bytes (1,152-byte bf16
+# rows).
 # `vllm`: the 656-byte fp8_ds_mla rows vLLM stores (512 fp8 + 16 scale + 128 bf16 RoPE), docs/facts.md §3.
 # A bf16 row is 512 + 64 bf16 values = 1,152 bytes in both, so the bf16 layouts coincide.
 BLOCK_BYTES: dict[tuple[Layout, KvDtype], BlockBytes] = {
-    ("blog", "fp8"): BlockBytes(baseline=3_052_800, hisparse_gpu=184_320, host=2_875_392),
-    ("blog", "bf16"): BlockBytes(baseline=5_928_192, hisparse_gpu=294_912, host=5_750_784),
+    ("unscaled", "fp8"): BlockBytes(baseline=3_052_800, hisparse_gpu=184_320, host=2_875_392),
+    ("unscaled", "bf16"): BlockBytes(baseline=5_928_192, hisparse_gpu=294_912, host=5_750_784),
     ("vllm", "fp8"): BlockBytes(baseline=3_452_160, hisparse_gpu=209_920, host=3_274_752),
     ("vllm", "bf16"): BlockBytes(baseline=5_928_192, hisparse_gpu=294_912, host=5_750_784),
 }
 LAYOUT_DESCRIPTIONS: dict[Layout, str] = {
-    "blog": "blog: the calculator page's constants (576-byte fp8 latent rows)",
+    "unscaled": "unscaled: the calculator page's constants (576-byte fp8 latent rows, no scale bytes)",
     "vllm": "vLLM's own rows (656-byte fp8_ds_mla latent rows)",
 }
+
+
+def _layout_name(value: object) -> object:
+    if isinstance(value, str) and value in OLD_LAYOUT_NAMES:
+        note_deprecated(f"layout `{value}` is now `{OLD_LAYOUT_NAMES[value]}`")
+        return OLD_LAYOUT_NAMES[value]
+    return value
 
 
 class CalcError(HarnessError):
@@ -100,7 +110,7 @@ class CalcInputs(StrictModel):
                                      description="KV HBM per GPU as vLLM reports it; default: estimated")
     max_num_seqs: int = Field(default=1024, gt=0, description="per DP replica")
     kv_dtype: Annotated[KvDtype, BeforeValidator(_dtype_name)] = "fp8"
-    layout: Layout = "blog"
+    layout: Annotated[Layout, BeforeValidator(_layout_name)] = "unscaled"
     hot_rows: int | None = Field(default=None, gt=0, le=MAX_HOT_ROWS,
                                  description="hot-buffer rows per request (device_buffer_size)")
     speculative_tokens: int | None = Field(default=None, ge=0,

@@ -27,7 +27,7 @@ def _kv_dtype(profile: LaunchProfile) -> KvDtype:
 
 def inputs_for_launch(profile: LaunchProfile, seq_len: int, layout: Layout = "vllm") -> CalcInputs:
     """Calculator inputs for a launch profile. The `vllm` layout is the default because a
-    deployment stores 656-byte rows; the blog's page uses `blog`."""
+    deployment stores 656-byte rows; the calculator page uses `unscaled`."""
     serve = profile.serve
     gpu = (profile.gpu or "H200").strip().upper()
     if gpu not in GPU_HBM_GB:

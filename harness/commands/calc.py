@@ -6,10 +6,13 @@ import argparse
 import dataclasses
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from harness.calc import CalcInputs, calculate, calculate_range, find_crossover, inputs_for_launch
+from harness.calc.formulas import OLD_LAYOUT_NAMES, Layout
 from harness.calc.plot import chart_format, plot_concurrency
 from harness.calc.render import (
     format_range,
@@ -61,8 +64,8 @@ class CalcArgs(CommandArgs):
                               deprecated=("--plot",))
     from_launch: str | None = option("--from-launch", "take the inputs from a launch profile YAML",
                                      metavar="PROFILE")
-    layout: str | None = option("--layout", "blog (the page's 576-byte rows; default) or vllm (the 656-byte fp8 "
-                                "rows vLLM stores; default with --from-launch)")
+    layout: str | None = option("--layout", "unscaled (the calculator page's 576-byte rows, no scale bytes; "
+                                "default) or vllm (the 656-byte fp8 rows vLLM stores; default with --from-launch)")
     json: bool = option("--json", "print JSON instead of a table", action="store_true", default=False)
     # the deployment inputs given (not with --from-launch), as the calculator names them
     inputs: dict[str, object] = dataclasses.field(default_factory=dict)
@@ -113,8 +116,11 @@ def _given_inputs(args: argparse.Namespace) -> dict[str, object]:
 
 def run(args: CalcArgs) -> int:
     given = dict(args.inputs)
-    if args.layout is not None and args.layout not in ("blog", "vllm"):
-        raise HarnessError(f"--layout: {args.layout!r} is not a layout; use blog or vllm")
+    if args.layout in OLD_LAYOUT_NAMES:
+        print(f"--layout {args.layout}: deprecated: now --layout {OLD_LAYOUT_NAMES[args.layout]}", file=sys.stderr)
+        args = dataclasses.replace(args, layout=OLD_LAYOUT_NAMES[args.layout])
+    if args.layout is not None and args.layout not in get_args(Layout):
+        raise HarnessError(f"--layout: {args.layout!r} is not a layout; use unscaled or vllm")
     if args.seq_len is not None and args.seq_range is not None:
         raise HarnessError("--seq-len and --seq-range exclude each other")
     if args.out is not None and args.seq_range is None:

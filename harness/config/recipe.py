@@ -7,12 +7,12 @@ id carries its own `ms://` / `hf://` prefix; each can pin a `revision` (or `id@r
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, model_validator
 
 from harness.config.hubref import Hub, HubError, HubRef, check_trust_remote_code, is_hub_reference
-from harness.schema import RelPath, Slug, StrictModel, must_exist, resolve_path
+from harness.schema import RelPath, Slug, StrictModel, must_exist, note_deprecated, resolve_path
 
 _REVISION_HELP = "commit sha (Hugging Face: 40 hex), tag or branch; or write id@revision"
 
@@ -102,6 +102,13 @@ def _hub_ref(text: str, revision: str | None, hub: Hub | None, repo_type: Litera
         raise ValueError(str(exc)) from None
 
 
+def _reuse_name(value: object) -> object:
+    if value == "blog":
+        note_deprecated("reuse: `blog` is now `shared`")
+        return "shared"
+    return value
+
+
 class DatasetRecipe(StrictModel):
     name: Slug
     description: str | None = None
@@ -117,10 +124,11 @@ class DatasetRecipe(StrictModel):
     max_real_first_turn_frac: float = Field(default=0.5, gt=0, le=1)
     assumed_output_length: int = Field(default=220, ge=0)
     seed: int = 42
-    reuse: Literal["fresh", "blog"] = Field(
-        default="fresh", description="fresh: the sweep builds offset + every point's number conversations, so "
-        "no point re-sends one an earlier point warmed; blog: exactly `conversations` (the blog: 128), the "
-        "points rotating through them as EvalScope does, so later points re-send warmed ones (docs/facts.md §6)")
+    reuse: Annotated[Literal["fresh", "shared"], BeforeValidator(_reuse_name)] = Field(
+        default="fresh", description="fresh: the sweep builds offset + every point's conversations, so no point "
+        "re-sends one an earlier point warmed; shared: exactly `conversations` (the blog: 128) shared by every "
+        "point, rotating through them as EvalScope does, so later points re-send warmed ones (docs/facts.md §6); "
+        "`blog` is the old name of `shared`")
 
     @model_validator(mode="after")
     def _remote_code_pinned(self) -> DatasetRecipe:

@@ -13,7 +13,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, f
 
 from harness.config.nightly import GATEABLE_METRICS, NightlySettings
 from harness.judge import Experiment, Measurement, PointResult
-from harness.records import AnswerScores
+from harness.records import OLD_REUSE_NAMES, AnswerScores
 from harness.summary import COLUMNS
 
 NIGHT_FORMAT = "harness-night"
@@ -108,6 +108,13 @@ class NightRecord(BaseModel):
     # why the night could not measure what it should (no GPU, a build or a server start that failed);
     # such a night is never part of a baseline
     infrastructure_failure: str | None = None
+
+    @field_validator("workload")
+    @classmethod
+    def _old_reuse_name(cls, workload: dict[str, Any]) -> dict[str, Any]:
+        """A night recorded before `reuse: blog` became `shared` is the same workload."""
+        reuse = workload.get("conversation_reuse")
+        return {**workload, "conversation_reuse": OLD_REUSE_NAMES[reuse]} if reuse in OLD_REUSE_NAMES else workload
 
     @field_validator("night_id")
     @classmethod

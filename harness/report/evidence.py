@@ -40,8 +40,8 @@ def client_line(manifest: RunManifest) -> str:
 
 def reuse_line(manifest: RunManifest) -> str:
     w = manifest.workload
-    if w.conversation_reuse == "blog":
-        return (f"Conversations: the blog's reuse, {w.conversations_built} conversations with offsets rotating as "
+    if w.conversation_reuse == "shared":
+        return (f"Conversations: shared by every point, {w.conversations_built} conversations with offsets rotating as "
                 "EvalScope does (later points re-send conversations earlier points warmed).")
     return f"Conversations: fresh at every point ({w.conversations_built or '?'} built)."
 

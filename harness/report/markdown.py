@@ -64,7 +64,7 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
         reused = evidence.reused_points(manifest, points)
         who = (", ".join(f"c{c} re-sends {n}" for c, n in reused.items()) if reused
                else "no point re-sends")
-        mode = " (the blog's reuse, on request)" if manifest.workload.conversation_reuse == "blog" else ""
+        mode = " (reuse: shared, on request)" if manifest.workload.conversation_reuse == "shared" else ""
         warnings.append(ReportWarning("conversation reuse", (
             f"the dataset has {built} conversations but the sweep needs {needed}{mode}: {who} "
             "conversations an earlier point already sent, which the prefix cache has warmed; their "
