@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from harness.nightly.record import DeploymentFacts, GpuFacts, NightProvenance, NightRecord, NightRow
+from harness.nightly.night_record import DeploymentFacts, GpuFacts, NightProvenance, NightRecord, NightRow
 
 HISPARSE = "tp8-hisparse384-native128"
 OFFLOAD = "tp8-offload512"

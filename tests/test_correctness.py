@@ -195,6 +195,6 @@ def test_every_reason_the_judge_gives_has_words_in_the_nightly_table():
     from typing import get_args
 
     from harness.judge import Reason
-    from harness.nightly.markdown import _REASONS
+    from harness.nightly.gate_markdown import _REASONS
 
     assert set(get_args(Reason)) == set(_REASONS)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.dataset.fit import cut_at_most, encode_with_boundaries, is_safe_boundary
+from harness.dataset.boundaries import cut_at_most, encode_with_boundaries, is_safe_boundary
 from harness.dataset.pads import PadSupply, SyntheticPad, TextPool, clean_pad_text, special_token_strings
 from harness.dataset.sources import SourceRows, normalise_messages, select_trajectories, trajectory_from_row
 from harness.dataset.tokenizer import default_tokenizer_path, load_tokenizer

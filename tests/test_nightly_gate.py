@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from synthetic_nights import HISPARSE, OFFLOAD, Change, synthetic_history, synthetic_night
 
 from harness.nightly.gate import gate_history, gate_night
-from harness.nightly.markdown import regression_report, step_summary
+from harness.nightly.gate_markdown import regression_report, step_summary
 from harness.nightly.thresholds import GateThresholds, NightlySettings
 
 

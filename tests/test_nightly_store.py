@@ -11,7 +11,7 @@ from synthetic_nights import synthetic_history
 
 from harness.errors import HarnessError
 from harness.nightly.night import night_from_run
-from harness.nightly.record import NightRecord
+from harness.nightly.night_record import NightRecord
 from harness.nightly.store import NightStore
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from run_fixtures import HISPARSE, OFFLOAD, make_run
 
-from harness.report import evidence
+from harness.report import evidence_section as evidence
 from harness.report.markdown import collect_warnings, reused_points, write_report
 from harness.report.plots import plot_runs
 from harness.results import iter_points, read_manifest

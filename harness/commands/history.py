@@ -12,7 +12,7 @@ from harness.commands.common import CommandArgs, option, positional
 from harness.errors import HarnessError
 from harness.nightly.changepoint import history_change_points
 from harness.nightly.gate import gate_history, gate_night
-from harness.nightly.markdown import regression_report
+from harness.nightly.gate_markdown import regression_report
 from harness.nightly.night import night_from_run
 from harness.nightly.store import NightStore
 from harness.results import RunPaths

@@ -16,7 +16,7 @@ from harness.commands import common
 from harness.commands.common import CommandArgs, option, positional, progress
 from harness.config import load_sweep
 from harness.io import display_path
-from harness.nightly.markdown import step_summary
+from harness.nightly.gate_markdown import step_summary
 from harness.nightly.overrides import Kernels
 from harness.nightly.run import REPORT_NAME, NightlyOptions, run_night
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.dataset.fit import (
+from harness.dataset.boundaries import (
     EncodedText,
     cut_at_most,
     encode_with_boundaries,
@@ -87,7 +87,7 @@ def chat_count_by_segments(tokenizer: Tokenizer, messages: Sequence[dict[str, st
     """count_chat without encoding long contents again: their middles are known from the bare counts.
 
     The rendered prompt is split at safe boundaries inside each long content; counts add up
-    across those (harness.dataset.fit). None when a content is not rendered verbatim.
+    across those (harness.dataset.boundaries). None when a content is not rendered verbatim.
     """
     rendered = tokenizer.render_chat(messages)
     outside: list[str] = []

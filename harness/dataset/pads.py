@@ -4,7 +4,7 @@ Kinds (docs/facts.md §5): `openscience` (nvidia/OpenScienceReasoning-2, field `
 ModelScope or Hugging Face through harness/hub.py, rows read in order as they are needed), `local` (text files), `synthetic` (generated from the seed). The first two feed a
 `TextPool`: documents are cleaned (``<think>`` markup, chat-control spellings and the
 tokenizer's special tokens removed), joined, encoded once as one stream, and each pad slot
-takes the next span of it, cut at safe boundaries (harness.dataset.fit) so the span's
+takes the next span of it, cut at safe boundaries (harness.dataset.boundaries) so the span's
 token count is known without encoding it again. When the pool runs out, the remaining
 slots are synthetic and the metadata says from which slot on.
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.dataset.fit import is_safe_boundary
+from harness.dataset.boundaries import is_safe_boundary
 from harness.dataset.sources import hub_provenance
 from harness.dataset.tokenizer import Tokenizer
 from harness.errors import HarnessError

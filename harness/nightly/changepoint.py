@@ -30,7 +30,7 @@ from typing import Literal
 
 import numpy as np
 
-from harness.nightly.record import NightRecord
+from harness.nightly.night_record import NightRecord
 from harness.nightly.thresholds import METRIC_BETTER
 
 Kind = Literal["step", "drift"]

@@ -20,8 +20,8 @@ from pathlib import Path
 from harness.io import atomic_write_text
 from harness.nightly.changepoint import ChangePoint, grouped, history_change_points
 from harness.nightly.gate import GateResult, gate_history
-from harness.nightly.markdown import number, regression_report
-from harness.nightly.record import NightRecord
+from harness.nightly.gate_markdown import number, regression_report
+from harness.nightly.night_record import NightRecord
 from harness.nightly.store import NightStore
 from harness.nightly.svg import Marker, Series, TrendChart, render
 from harness.nightly.thresholds import METRIC_BETTER, NightlySettings

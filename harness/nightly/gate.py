@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from harness.judge import Finding, judge
-from harness.nightly.record import DEPLOYMENT_FIELDS, NIGHT_FIELDS, NightRecord
+from harness.nightly.night_record import DEPLOYMENT_FIELDS, NIGHT_FIELDS, NightRecord
 from harness.nightly.thresholds import NightlySettings
 
 Outcome = Literal["pass", "regression", "not_comparable"]

@@ -15,7 +15,7 @@ from typing import Any
 from harness.config.nightly import NightlySettings
 from harness.errors import HarnessError
 from harness.io import json_digest
-from harness.nightly.record import (
+from harness.nightly.night_record import (
     DeploymentFacts,
     GpuFacts,
     NightProvenance,

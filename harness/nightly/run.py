@@ -30,10 +30,10 @@ from harness.io import atomic_write_text, display_path, sha256_file, utc_now_iso
 from harness.nightly.changepoint import ChangePoint, history_change_points
 from harness.nightly.dashboard import DashboardResult, build_dashboard
 from harness.nightly.gate import GateResult, gate_night
-from harness.nightly.markdown import regression_report, step_summary
+from harness.nightly.gate_markdown import regression_report, step_summary
 from harness.nightly.night import night_from_run
+from harness.nightly.night_record import DeploymentFacts, GpuFacts, NightProvenance, NightRecord
 from harness.nightly.overrides import Kernels, with_overrides
-from harness.nightly.record import DeploymentFacts, GpuFacts, NightProvenance, NightRecord
 from harness.nightly.store import NightStore
 from harness.provenance import gpu_info, harness_commit
 from harness.records import INFRASTRUCTURE_KINDS

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.errors import HarnessError
 from harness.io import atomic_write_bytes, atomic_write_json
-from harness.nightly.record import NIGHT_FORMAT, NIGHT_SCHEMA_VERSION, NightRecord, validation_message
+from harness.nightly.night_record import NIGHT_FORMAT, NIGHT_SCHEMA_VERSION, NightRecord, validation_message
 
 
 @dataclass(frozen=True)

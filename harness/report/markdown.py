@@ -11,7 +11,7 @@ from harness.config.sweep import SloSettings
 from harness.io import atomic_write_text
 from harness.metrics.derive import LATENCIES, PERCENTILE_METHOD, PERCENTILES, percentile_name, slo_checks
 from harness.records import PointRecord, RunManifest
-from harness.report import evidence
+from harness.report import evidence_section
 from harness.report.capacity import capacity_section
 from harness.report.correctness import correctness_section
 from harness.report.plots import BATCH, GAUGE, OCCUPANCY_MARGIN_REQ, occupancy_reading
@@ -40,8 +40,8 @@ def _count(value: float | int | None) -> str:
 
 def reused_points(manifest: RunManifest, points: list[PointRecord]) -> list[int]:
     """Concurrencies that re-send conversations an earlier point already sent (EvalScope rotates the
-    list by --dataset-offset, docs/facts.md §6; harness/report/evidence.py counts them)."""
-    return list(evidence.reused_points(manifest, points))
+    list by --dataset-offset, docs/facts.md §6; harness/report/evidence_section.py counts them)."""
+    return list(evidence_section.reused_points(manifest, points))
 
 
 def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[ReportWarning]:
@@ -61,7 +61,7 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
                                         f"(manifest says {status})"))
     built, needed = manifest.workload.conversations_built, manifest.workload.conversations_needed
     if built is not None and needed is not None and built < needed:
-        reused = evidence.reused_points(manifest, points)
+        reused = evidence_section.reused_points(manifest, points)
         who = (", ".join(f"c{c} re-sends {n}" for c, n in reused.items()) if reused
                else "no point re-sends")
         mode = " (reuse: shared, on request)" if manifest.workload.conversation_reuse == "shared" else ""
@@ -70,7 +70,7 @@ def collect_warnings(manifest: RunManifest, points: list[PointRecord]) -> list[R
             "conversations an earlier point already sent, which the prefix cache has warmed; their "
             "TTFT and throughput look better than fresh traffic would")))
     warnings += [ReportWarning(kind, text) for kind, text in
-                 evidence.client_warnings(manifest) + evidence.evidence_warnings(manifest)]
+                 evidence_section.client_warnings(manifest) + evidence_section.evidence_warnings(manifest)]
     for p in points:
         m = p.metrics
         if m is not None and m.tpot_disagrees:
@@ -323,7 +323,7 @@ def render_report(run_dir: Path, plots_dir: Path) -> str:
             f"{len(points)} points over {len(manifest.deployments) or len({p.deployment for p in points})} "
             f"deployment(s); status {manifest.status}."] + _kernels(manifest) + ["", "## Warnings", ""]
     out += [f"- **{w.kind}**: {w.text}" for w in warnings] or ["None."]
-    out += ["", evidence.client_line(manifest) + " " + evidence.reuse_line(manifest)]
+    out += ["", evidence_section.client_line(manifest) + " " + evidence_section.reuse_line(manifest)]
     out += ["", "## Points", ""] + _points_table(points)
     out += ["", "Interactivity = 1000 / mean TPOT; per-GPU throughput = EvalScope throughput / "
             f"{manifest.gpus_per_server} GPUs per server; occupancy: the {GAUGE}, mean of the non-zero "
@@ -335,7 +335,7 @@ def render_report(run_dir: Path, plots_dir: Path) -> str:
     out += _latency_table(points) + _slo_section(manifest, points) + [""] + capacity_section(run_dir)
     out += ["", "## Figures", ""]
     out += _figures(run_dir, Path(plots_dir))
-    out += ["", "## HiSparse evidence", ""] + evidence.evidence_section(manifest, points)
+    out += ["", "## HiSparse evidence", ""] + evidence_section.evidence_section(manifest, points)
     out += ["", "## Correctness", ""] + correctness_section(manifest)
     out += ["", "## Provenance", ""] + _provenance(manifest) + ["", "## Deployments", ""] + _deployments(run_dir, manifest)
     return "\n".join(out).rstrip() + "\n"

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from harness.nightly.changepoint import ChangePoint, grouped
 from harness.nightly.gate import Finding, GateResult
-from harness.nightly.record import NightRecord
+from harness.nightly.night_record import NightRecord
 
 _HEADLINE = {"pass": "PASS", "regression": "REGRESSION", "not_comparable": "NOT COMPARABLE"}
 _REASONS = {"threshold": "beyond threshold", "metric_missing": "metric missing",
