@@ -218,9 +218,9 @@ def test_verdict_fails_on_a_failed_test_a_dirty_sanitizer_or_a_timeout(tmp_path)
 
 @pytest.fixture(scope="module")
 def dev_python() -> str:
-    from harness.builds import kernels as hk
+    from kernel_dev_env import ensure_kernel_dev_env
 
-    return str(hk.ensure_kernel_dev_env(progress=print))
+    return str(ensure_kernel_dev_env(progress=print))
 
 
 def run_dev(python: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

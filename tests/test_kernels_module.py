@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kernel_dev_env import ensure_kernel_dev_env
 
 from harness.builds import kernel_proofs as kp
 from harness.builds import kernels as hk
@@ -105,7 +106,7 @@ def test_host_and_nvcc_flags_hide_symbols():
 @pytest.fixture(scope="module")
 def dev_python() -> str:
     started = time.monotonic()
-    python = hk.ensure_kernel_dev_env(progress=print)
+    python = ensure_kernel_dev_env(progress=print)
     print(f"kernel dev env ready in {time.monotonic() - started:.1f}s: {python}")
     return str(python)
 

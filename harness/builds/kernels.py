@@ -16,15 +16,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from harness.builds.cached import build_log_path, build_once
-from harness.builds.locks import find_lock, install_argv
+from harness.builds.cached import build_once
 from harness.errors import HarnessError
 from harness.io import json_digest
 
@@ -209,7 +207,7 @@ def overlay_preview_steps(python: str, cuda_arch: str | None, cache_root: Path |
 
 # ---- running steps --------------------------------------------------------------------------------
 
-def _run(step: KernelStep, log_path: Path, progress: Progress | None, label: str) -> None:
+def run_step(step: KernelStep, log_path: Path, progress: Progress | None, label: str) -> None:
     if progress:
         progress(f"{label}: {step.why}")
     started = time.monotonic()
@@ -286,7 +284,7 @@ def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None
         log_path.write_text(f"# kernels for {python} (torch {torch_version}, arch {cuda_arch})\n", encoding="utf-8")
         started = time.monotonic()
         for step in kernel_build_steps(python, tmp, cuda_arch, src):
-            _run(step, log_path, progress, f"kernels {key}")
+            run_step(step, log_path, progress, f"kernels {key}")
         identity = read_identity(python, tmp)
         if identity.source_sha256 != sha or identity.built_for != ("cuda" if cuda_arch else "cpu"):
             raise KernelBuildError(f"the built kernels report {identity}, expected sha256 {sha[:12]} "
@@ -299,47 +297,3 @@ def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None
 
     overlay, _ = build_once(final, find=find, build=build)
     return overlay
-
-
-def ensure_kernel_dev_env(cache_root: Path | None = None, progress: Progress | None = None,
-                          source_dir: Path | None = None) -> Path:
-    """Python of a cached venv with CPU torch, numpy, pytest, hypothesis and the module (CPU), installed
-    from the kernel-dev lock where this Python and platform have one."""
-    root = (cache_root or DEFAULT_CACHE_ROOT).expanduser() / "kernel-dev"
-    lock = find_lock("kernel-dev")
-    material = {"recipe": DEV_RECIPE, "packages": DEV_PACKAGES, "python": "{}.{}".format(*sys.version_info[:2]),
-                "lock": lock.sha256 if lock else None}
-    final = root / json_digest(material)
-
-    def find() -> Path | None:
-        return final if (final / MARKER).is_file() else None  # the marker is written last
-
-    def build(tmp: Path) -> Path:
-        log_path = build_log_path(final)
-        log_path.write_text("", encoding="utf-8")
-        python = str(tmp / "bin" / "python")
-        install = (KernelStep(install_argv(python, lock), f"install lock {lock.path.name} (hashes checked)", {})
-                   if lock else KernelStep([python, "-m", "pip", "install", "--no-input", *DEV_PACKAGES],
-                                           "install CPU torch and the test tools (no lock: resolved today)", {}))
-        for step in [KernelStep([sys.executable, "-m", "venv", str(tmp)], "create the venv", {}), install]:
-            _run(step, log_path, progress, "kernel dev env")
-        torch_version = torch_version_of(python)
-        if "+cpu" not in torch_version:
-            raise KernelBuildError(f"the kernel dev env got torch {torch_version}, not a CPU build (log "
-                                   f"{log_path}); a CPU wheel of torch 2.13.0 must be installable here")
-        shutil.move(str(log_path), tmp / "build.log")
-        (tmp / MARKER).write_text(json.dumps({"torch": torch_version, "lock": lock.provenance() if lock else None}),
-                                  encoding="utf-8")
-        return final
-
-    env_dir, _ = build_once(final, find=find, build=build)
-    python = env_dir / "bin" / "python"
-    torch_version = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))["torch"]
-    overlay = ensure_kernel_overlay(str(python), torch_version, None, cache_root, progress, source_dir)
-    site = Path(python_facts(str(python), "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
-    pointer = site / "hisparse_kernels_overlay.pth"
-    if not pointer.is_file() or pointer.read_text(encoding="utf-8").strip() != str(overlay.path):
-        staged = site / ".hisparse_kernels_overlay.pth.tmp"
-        staged.write_text(f"{overlay.path}\n", encoding="utf-8")
-        os.replace(staged, pointer)  # atomic: a concurrent reader sees the old or the new overlay
-    return python
