@@ -101,7 +101,7 @@ class CapacityReport(Record):
     results: list[CapacityRecord] = []
 
 
-def write_capacity(run_dir: Path, report: CapacityReport) -> Path:
+def _write_capacity(run_dir: Path, report: CapacityReport) -> Path:
     path = Path(run_dir) / CAPACITY_JSON
     atomic_write_json(path, report)
     return path
@@ -241,7 +241,7 @@ def _calculator(dep: DeploymentPlan, plan: Plan) -> tuple[int | None, int | None
     return result.predicted_total, result.baseline_total
 
 
-def capacity_record(plan: Plan, dep: DeploymentPlan, search: CapacitySearch, log_lines: list[str]) -> CapacityRecord:
+def _capacity_record(plan: Plan, dep: DeploymentPlan, search: CapacitySearch, log_lines: list[str]) -> CapacityRecord:
     """The search's outcome beside the engine's logged bounds (from its start-up log) and the calculator."""
     logged = parse_kv_capacity(log_lines)
     hisparse = parse_start_lines(log_lines)
@@ -276,7 +276,7 @@ def capacity_record(plan: Plan, dep: DeploymentPlan, search: CapacitySearch, log
     return record.model_copy(update=update)
 
 
-def for_search(loaded: LoadedSweep) -> LoadedSweep:
+def _for_search(loaded: LoadedSweep) -> LoadedSweep:
     """The sweep as a search runs it: its dataset holds enough fresh conversations for every probe (a probe
     conversation sends `search.probe_turns` turns where the sweep says so: harness/plan.py)."""
     sweep = loaded.sweep
@@ -290,7 +290,7 @@ def for_search(loaded: LoadedSweep) -> LoadedSweep:
     return replace(loaded, sweep=sweep.model_copy(update={"client": client}))
 
 
-def server_log_lines(paths: RunPaths, deployment: str) -> list[str]:
+def _server_log_lines(paths: RunPaths, deployment: str) -> list[str]:
     return read_log_tail(paths.server_log(deployment), 400)
 
 
@@ -305,7 +305,7 @@ class CapacityOutcome:
 
 def run_capacity(loaded: LoadedSweep, options: SweepOptions, progress: Progress = print) -> CapacityOutcome:
     """Every (arm, context)'s search, on real servers (one start each, kept up across its probes)."""
-    searched = for_search(loaded)
+    searched = _for_search(loaded)
     settings = searched.sweep.search
     assert settings is not None
     searches: dict[str, CapacitySearch] = {}
@@ -318,11 +318,11 @@ def run_capacity(loaded: LoadedSweep, options: SweepOptions, progress: Progress 
 
     outcome = run_sweep(searched, options, progress, sources=source)
     paths = RunPaths(outcome.run_dir)
-    results = [capacity_record(plans[0], dep, searches[dep.name], server_log_lines(paths, dep.name))
+    results = [_capacity_record(plans[0], dep, searches[dep.name], _server_log_lines(paths, dep.name))
                for dep in plans[0].deployments if dep.name in searches] if plans else []
     report = CapacityReport(sweep_name=loaded.sweep.name, simulated=plans[0].simulated if plans else False,
                             results=results)
-    write_capacity(outcome.run_dir, report)
+    _write_capacity(outcome.run_dir, report)
     for line in capacity_lines(report):
         progress(line)
     return CapacityOutcome(outcome.run_dir, report, outcome)
@@ -363,7 +363,7 @@ def simulate_capacity(loaded: LoadedSweep, options: SimulateOptions, progress: P
     """Every (arm, context)'s search on the simulated engine in virtual time: the engine refuses a context it
     cannot fit at start-up as vLLM does, logs its bounds, and each probe is a point `harness simulate` would
     run (fresh conversations each)."""
-    searched = for_search(loaded)
+    searched = _for_search(loaded)
     settings = searched.sweep.search
     assert settings is not None
     plan = make_plan(searched)
@@ -407,9 +407,9 @@ def simulate_capacity(loaded: LoadedSweep, options: SimulateOptions, progress: P
             probe = probe_verdict(record, point.concurrency, settings.running_fraction)
             progress(f"capacity: {dep.name} c{point.concurrency}: {'pass' if probe.passed else 'fail'} ({probe.why})")
             point = search.next(record)
-        results.append(capacity_record(plan, dep, search, lines))
+        results.append(_capacity_record(plan, dep, search, lines))
     outcome.simulated_s = now
     outcome.status = recorder.finish(ended_at=iso_from_unix(base_unix + now))
     report = CapacityReport(sweep_name=loaded.sweep.name, simulated=True, virtual_time=True, results=results)
-    write_capacity(recorder.paths.root, report)
+    _write_capacity(recorder.paths.root, report)
     return CapacityOutcome(recorder.paths.root, report, outcome)

@@ -37,7 +37,7 @@ COMMANDS: list[tuple[str, str, str]] = [
 ]
 
 
-def install_signal_handlers() -> None:
+def _install_signal_handlers() -> None:
     """SIGINT and SIGTERM raise Interrupted in the main thread (exit 130 / 143 after cleanup)."""
     def interrupt(signum, _frame):
         raise Interrupted(signum)
@@ -75,7 +75,7 @@ class BrokenCommand(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    install_signal_handlers()
+    _install_signal_handlers()
     argv = sys.argv[1:] if argv is None else argv
     try:
         parser = _parser(_chosen(argv))

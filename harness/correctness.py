@@ -41,7 +41,7 @@ def _one_line(text: object, limit: int = 200) -> str:
     return " ".join(str(text).split())[:limit]
 
 
-def ask_one(target: ProbeTarget, session, prompt_id: str, prompt: str, max_tokens: int,
+def _ask_one(target: ProbeTarget, session, prompt_id: str, prompt: str, max_tokens: int,
             timeout_s: float = REQUEST_TIMEOUT_S) -> Answer:
     """One greedy answer; a failed request is an Answer with its error, never an exception."""
     import requests
@@ -75,14 +75,14 @@ def ask(target: ProbeTarget, prompts: PromptSet, max_tokens: int) -> list[Answer
     with requests.Session() as session:
         session.trust_env = False  # the server is one the harness started: no proxy from the environment
         for prompt in prompts.prompts:
-            answer = ask_one(target, session, prompt.id, prompt.prompt, max_tokens)
+            answer = _ask_one(target, session, prompt.id, prompt.prompt, max_tokens)
             if answer.error is None:
                 answer = answer.model_copy(update={"correct": prompt.is_right(answer.text)})
             answers.append(answer)
     return answers
 
 
-def running_now(target: ProbeTarget) -> float | None:
+def _running_now(target: ProbeTarget) -> float | None:
     """The server's running-requests gauge, summed over engines; None when /metrics cannot say."""
     try:
         samples = scrape_once(f"{target.base_url}/metrics", (RUNNING,), timeout_s=5.0, api_key=target.api_key)
@@ -114,7 +114,7 @@ class PressuredProbe:
     def _run(self) -> None:
         deadline = time.monotonic() + self.fill_timeout_s
         while not self._point_over.is_set():
-            self.running = running_now(self.target)
+            self.running = _running_now(self.target)
             if self.running is not None and self.running >= self.fill:
                 break
             if time.monotonic() >= deadline:

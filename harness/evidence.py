@@ -76,7 +76,7 @@ V = TypeVar("V")
 
 # ---- metric families --------------------------------------------------------------------------------
 
-def hisparse_family(sample_name: str) -> str | None:
+def _hisparse_family(sample_name: str) -> str | None:
     """The family a HiSparse sample belongs to (histogram suffixes and `_total` stripped); None if not one."""
     if not sample_name.startswith(HISPARSE_PREFIX):
         return None
@@ -108,7 +108,7 @@ def normalise_hisparse(series: Mapping[str, V]) -> dict[str, V]:
 
 
 def families_of(samples: Iterable[Sample]) -> list[str]:
-    return sorted({f for s in samples if (f := hisparse_family(s.name)) is not None})
+    return sorted({f for s in samples if (f := _hisparse_family(s.name)) is not None})
 
 
 # ---- start lines ---------------------------------------------------------------------------------------

@@ -94,7 +94,7 @@ def folder_bytes(path: Path) -> int:
     return total
 
 
-def download_size_bytes(ref: HubRef, hub_cache: Path) -> int | None:
+def _download_size_bytes(ref: HubRef, hub_cache: Path) -> int | None:
     """Bytes the hub client would still download into hub_cache, as it reports them; None if it can't say."""
     try:
         if ref.hub == "huggingface":
@@ -120,7 +120,7 @@ def _free_bytes(path: Path) -> tuple[Path, int]:
     return probe, shutil.disk_usage(probe).free
 
 
-def check_free_disk(label: str, hub_cache: Path, needed_bytes: int | None, emit: Progress) -> tuple[int | None, int]:
+def _check_free_disk(label: str, hub_cache: Path, needed_bytes: int | None, emit: Progress) -> tuple[int | None, int]:
     """(needed, free) bytes; FetchError before any transfer when the disk is too small."""
     probe, free = _free_bytes(hub_cache)
     if needed_bytes is None:
@@ -186,7 +186,7 @@ def _copy_from_seed(ref: HubRef, seed_cache: Path, hub_cache: Path, label: str,
     seed = resolve(ref, cache_dir=seed_cache, offline=True, progress=emit)
     files, links = _seed_plan(ref, seed, seed_cache, hub_cache)
     needed = sum(src.stat().st_size - (dest.stat().st_size if dest.is_file() else 0) for src, dest in files)
-    disk = check_free_disk(label, hub_cache, needed, emit)
+    disk = _check_free_disk(label, hub_cache, needed, emit)
     lines = LineProgress(f"{label}: copying from {seed_cache}", emit)
     lines.add_total(needed)
     for src, dest in files:
@@ -207,7 +207,7 @@ def _present(ref: HubRef, hub_cache: Path) -> bool:
     return True
 
 
-def fetch_here(ref: HubRef | str, *, node_id: str = LOCAL_NODE_ID, cache_root: Path | str | None = None,
+def _fetch_here(ref: HubRef | str, *, node_id: str = LOCAL_NODE_ID, cache_root: Path | str | None = None,
                offline: bool | None = None, seed_cache: Path | str | None = None,
                progress: Progress | None = None) -> NodeFetch:
     """Put ref into this machine's weights cache; what was moved and how long it took."""
@@ -224,7 +224,7 @@ def fetch_here(ref: HubRef | str, *, node_id: str = LOCAL_NODE_ID, cache_root: P
     if seed_cache is not None and not _present(ref, hub_cache):
         disk = _copy_from_seed(ref, Path(os.path.expandvars(str(seed_cache))).expanduser(), hub_cache, label, emit)
     if not (is_offline(ref.hub) if offline is None else offline):  # a moved branch downloads again: check
-        disk = check_free_disk(label, hub_cache, download_size_bytes(ref, hub_cache), emit)
+        disk = _check_free_disk(label, hub_cache, _download_size_bytes(ref, hub_cache), emit)
     resolved = resolve(ref, cache_dir=hub_cache, offline=offline, progress=lambda line: emit(f"{host}: {line}"))
     moved = max(0, folder_bytes(repo) - before)
     return NodeFetch(node_id=node_id, hostname=host, local_path=resolved.local_path,
@@ -236,7 +236,7 @@ def fetch_here(ref: HubRef | str, *, node_id: str = LOCAL_NODE_ID, cache_root: P
 def fetch_weights_local(ref: HubRef | str, *, cache_root: Path | str | None = None, offline: bool | None = None,
                         seed_cache: Path | str | None = None, progress: Progress | None = None) -> NodeFetch:
     """The `--launcher local` variant: this machine only, no Ray."""
-    return fetch_here(ref, cache_root=cache_root, offline=offline, seed_cache=seed_cache, progress=progress)
+    return _fetch_here(ref, cache_root=cache_root, offline=offline, seed_cache=seed_cache, progress=progress)
 
 
 def _fetch_task(ref: HubRef, cache_root: str | None, offline: bool | None, seed_cache: str | None,
@@ -252,7 +252,7 @@ def _fetch_task(ref: HubRef, cache_root: str | None, offline: bool | None, seed_
             pass
 
     try:
-        return fetch_here(ref, node_id=node_id, cache_root=cache_root, offline=offline, seed_cache=seed_cache,
+        return _fetch_here(ref, node_id=node_id, cache_root=cache_root, offline=offline, seed_cache=seed_cache,
                           progress=emit)
     except HarnessError as exc:
         return _NodeFailure(node_id, socket.gethostname(), str(exc))

@@ -56,7 +56,7 @@ def _card_data_files(root: Path, config: str | None) -> dict[str, list[str]] | N
     return out or None
 
 
-def dataset_split_files(resolved: ResolvedRef, split: str, config: str | None = None) -> list[Path]:
+def _dataset_split_files(resolved: ResolvedRef, split: str, config: str | None = None) -> list[Path]:
     """The files of one split, found as the `datasets` library finds them (the card's configs first,
     then its default split patterns); ModelScope's MsDataset uses the same machinery."""
     from datasets.data_files import EmptyDatasetError, get_data_patterns, resolve_pattern
@@ -110,7 +110,7 @@ class SplitRows(Sequence[dict[str, Any]]):
     def __init__(self, resolved: ResolvedRef, split: str, config: str | None = None):
         import pyarrow.parquet as pq
 
-        self.files = dataset_split_files(resolved, split, config)
+        self.files = _dataset_split_files(resolved, split, config)
         label = resolved.ref.label
         # each part is a list of dicts (JSON) or a pyarrow Table (Parquet, columnar)
         self._parts: list[Any] = [pq.read_table(path) if path.name.endswith(".parquet") else _text_rows(path, label)
@@ -148,7 +148,7 @@ def iter_dataset_rows(resolved: ResolvedRef, split: str, config: str | None = No
     """The rows of one split in order, Parquet read a batch at a time (pads read only what they use)."""
     import pyarrow.parquet as pq
 
-    for path in dataset_split_files(resolved, split, config):
+    for path in _dataset_split_files(resolved, split, config):
         if path.name.endswith(".parquet"):
             for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_rows):
                 yield from batch.to_pylist()

@@ -130,7 +130,7 @@ def _value_text(value: float) -> str:
     return f"{value:.4g}"
 
 
-def evidence_findings(measured: Measurement, answer_limits: AnswerThresholds | None = None) -> Judgement:
+def _evidence_findings(measured: Measurement, answer_limits: AnswerThresholds | None = None) -> Judgement:
     """Findings that need no baseline: failed or degraded points, HiSparse not on when asked for, answers
     that changed under pressure (or differ from the baseline arm's, or are wrong) past the limits."""
     findings, notes = [], []
@@ -171,7 +171,7 @@ def answer_findings(answers: Mapping[str, AnswerScores], limits: AnswerThreshold
     return out
 
 
-def missing_findings(measured: Measurement, baseline: Sequence[Measurement]) -> list[Finding]:
+def _missing_findings(measured: Measurement, baseline: Sequence[Measurement]) -> list[Finding]:
     """A deployment or point the baseline measured that this measurement lacks, or that fitted in the
     baseline and does not fit here."""
     out = []
@@ -195,7 +195,7 @@ def missing_findings(measured: Measurement, baseline: Sequence[Measurement]) -> 
     return out
 
 
-def metric_findings(measured: Measurement, baseline: Sequence[Measurement],
+def _metric_findings(measured: Measurement, baseline: Sequence[Measurement],
                     thresholds: GateThresholds) -> list[Finding]:  # type: ignore[valid-type]
     """Every gated metric of every ok point against the median of the baseline's values, by its rule."""
     out = []
@@ -228,8 +228,8 @@ def judge(measured: Measurement, baseline: Sequence[Measurement],
     """Everything that regressed in `measured` against `baseline` (which may be empty: then only the
     findings that need no baseline)."""
     thresholds = thresholds if thresholds is not None else GateThresholds()
-    evidence = evidence_findings(measured, answer_limits)
+    evidence = _evidence_findings(measured, answer_limits)
     findings = list(evidence.findings)
     if baseline:
-        findings += missing_findings(measured, baseline) + metric_findings(measured, baseline, thresholds)
+        findings += _missing_findings(measured, baseline) + _metric_findings(measured, baseline, thresholds)
     return Judgement(findings, list(evidence.notes))

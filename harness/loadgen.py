@@ -57,7 +57,7 @@ class ClientPlan:
         return f"EvalScope {self.version or '? (known once built)'} ({where}{nice})"
 
 
-def evalscope_program() -> list[str]:
+def _evalscope_program() -> list[str]:
     # The console script beside this interpreter, so the harness's own EvalScope runs
     # even when PATH points elsewhere; the module form where no script is installed.
     script = Path(sys.executable).with_name("evalscope")
@@ -72,7 +72,7 @@ def resolve_client(client: ClientSettings, clients_dir: Path | None = None) -> C
     behind `nice -n N` when client.nice asks for a lower CPU priority."""
     nice = ("nice", "-n", str(client.nice)) if client.nice else ()
     if client.evalscope is None:
-        return ClientPlan(program=nice + tuple(evalscope_program()), version=package_version("evalscope"),
+        return ClientPlan(program=nice + tuple(_evalscope_program()), version=package_version("evalscope"),
                           source="harness", nice=client.nice)
     env_dir = client_env_dir(client.evalscope, clients_dir)
     built = read_client_marker(env_dir)
@@ -175,7 +175,7 @@ class LoadRun:
     interrupted: bool = False
 
 
-def client_env(argv: list[str]) -> dict[str, str]:
+def _client_env(argv: list[str]) -> dict[str, str]:
     """The client's environment: traffic to the server the harness started never goes through a
     proxy (the server's host joins NO_PROXY), whatever HTTP(S)_PROXY the harness itself inherited."""
     env = dict(os.environ)
@@ -187,7 +187,7 @@ def client_env(argv: list[str]) -> dict[str, str]:
     return env
 
 
-def run_evalscope(argv: list[str], log_path: Path, timeout_s: float,
+def _run_evalscope(argv: list[str], log_path: Path, timeout_s: float,
                   should_stop: Callable[[], bool] | None = None,
                   on_started: Callable[[int], None] | None = None) -> LoadRun:
     """Run one EvalScope process to completion, its output into `log_path`.
@@ -200,7 +200,7 @@ def run_evalscope(argv: list[str], log_path: Path, timeout_s: float,
     start = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=client_env(argv))
+                                stdin=subprocess.DEVNULL, start_new_session=True, env=_client_env(argv))
         if on_started is not None:
             on_started(proc.pid)
         timed_out = interrupted = False
@@ -257,7 +257,7 @@ class LoadGenerator:
                 pidfiles.append(track_client(log_path.parent.name, pid, argv, self.pid_dir))
 
         try:
-            return run_evalscope(argv, log_path, timeout_s, should_stop, on_started=track)
+            return _run_evalscope(argv, log_path, timeout_s, should_stop, on_started=track)
         finally:
             for path in pidfiles:
                 path.unlink(missing_ok=True)

@@ -163,7 +163,7 @@ class Plan:
         return next(d for d in self.deployments if d.name == name)
 
 
-def longest_context_tokens(loaded: LoadedSweep) -> int:
+def _longest_context_tokens(loaded: LoadedSweep) -> int:
     """First turn + every later turn + every reply: the context of a conversation's last turn."""
     return conversation_tokens(loaded.dataset_recipe, loaded.sweep.client.max_tokens)
 
@@ -177,13 +177,13 @@ def conversation_tokens(recipe: DatasetRecipe, max_tokens: int) -> int:
 TEMPLATE_TOKENS_PER_TURN = 32
 
 
-def context_max_model_len(recipe: DatasetRecipe, max_tokens: int) -> int:
+def _context_max_model_len(recipe: DatasetRecipe, max_tokens: int) -> int:
     """The admission limit a context's servers start with: its whole conversation (first turn, later turns,
     replies) plus the template's tokens, so the last turn fits and nothing longer is reserved."""
     return conversation_tokens(recipe, max_tokens) + recipe.num_turns * TEMPLATE_TOKENS_PER_TURN
 
 
-def context_label(tokens: int) -> str:
+def _context_label(tokens: int) -> str:
     """16000 -> 16k, 1000000 -> 1m, 74160 -> 74160: a context's name in deployment names and tables."""
     if tokens % 1_000_000 == 0:
         return f"{tokens // 1_000_000}m"
@@ -216,10 +216,10 @@ def _arms(loaded: LoadedSweep) -> list[_Arm]:
         launch = loaded.launches[dep.name]
         for tokens in sweep.contexts:
             recipe = base.model_copy(update={"first_turn_length": tokens})
-            limit = context_max_model_len(recipe, sweep.client.max_tokens)
+            limit = _context_max_model_len(recipe, sweep.client.max_tokens)
             profile = launch.profile.model_copy(update={"serve": launch.profile.serve.model_copy(
                 update={"max_model_len": limit})})
-            arms.append(_Arm(f"{dep.name}-ctx{context_label(tokens)}", dep.name, tokens,
+            arms.append(_Arm(f"{dep.name}-ctx{_context_label(tokens)}", dep.name, tokens,
                              replace(launch, profile=profile), LoadedRecipe(loaded.recipe.path, recipe)))
     return arms
 
@@ -261,7 +261,7 @@ def resolve_dialect(loaded: LoadedLaunch, override: str | None = None) -> tuple[
     return dialect, notes
 
 
-def resolve_build(loaded: LoadedLaunch, envs_dir: Path | None = None) -> BuildPlan | None:
+def _resolve_build(loaded: LoadedLaunch, envs_dir: Path | None = None) -> BuildPlan | None:
     profile = loaded.profile
     if profile.engine != "vllm":
         return None
@@ -319,7 +319,7 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
         resolved, notes = resolve_dialect(launch, dialect)
         warnings += [f"{dep.name}: {note}" for note in notes]
         pinned = _refuse(launch)
-        build = resolve_build(launch, envs_dir)
+        build = _resolve_build(launch, envs_dir)
         weights = profile.model_ref
         # a hub model is fetched onto the node first; which path it lands at is the fetch's to say
         rendered = profile.served_from(MODEL_PLACEHOLDER) if weights is not None else profile

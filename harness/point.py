@@ -107,7 +107,7 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     records = read_scrapes(scrapes_path)
     record.metrics = derive_point_metrics(records, summary, sweep.gpus_per_server,
                                           window=(started_unix, ended_unix), rows=rows, slo=sweep.slo)
-    record.warnings += point_warnings(record)
+    record.warnings += _point_warnings(record)
     failed = (summary.failed_requests or 0) if summary is not None else 0
     if record.status == "ok" and point_status(failed, sweep.max_failed_requests) == "degraded":
         record.status, record.failure = "degraded", "requests"
@@ -122,7 +122,7 @@ def run_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, handle: ServerH
     return record
 
 
-def point_warnings(record: PointRecord) -> list[str]:
+def _point_warnings(record: PointRecord) -> list[str]:
     """Why a point's numbers are in doubt even though it ran (shown in summary.csv and the report)."""
     warnings = []
     m = record.metrics

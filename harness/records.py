@@ -35,7 +35,7 @@ def point_id(concurrency: int) -> str:
     return f"c{concurrency}"
 
 
-def concurrency_of(point_id: str) -> int | None:
+def _concurrency_of(point_id: str) -> int | None:
     """8 for `c8`, and for `p8` (the name before schema 3); None for anything else."""
     if len(point_id) > 1 and point_id[0] in "cp" and point_id[1:].isdigit():
         return int(point_id[1:])
@@ -495,7 +495,7 @@ class RunManifest(Record):
     @classmethod
     def _c_names(cls, points: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
         """Point ids as `c8` whatever release wrote the manifest (`p8` before schema 3)."""
-        return {dep: {point_id(c) if (c := concurrency_of(pid)) is not None else pid: status
+        return {dep: {point_id(c) if (c := _concurrency_of(pid)) is not None else pid: status
                       for pid, status in by_point.items()} for dep, by_point in points.items()}
 
     @property

@@ -15,7 +15,7 @@ _SECRET_NAME = re.compile(r"(api[_-]?key|secret|passw(or)?d|authorization|(^|[^a
 REDACTED = "***"
 
 
-def is_secret_name(name: str) -> bool:
+def _is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
@@ -28,13 +28,13 @@ def redact_argv(argv: list[str]) -> list[str]:
         if mask_next:
             out.append(REDACTED)
             mask_next = False
-        elif arg.startswith("-") and is_secret_name(arg.split("=", 1)[0]):
+        elif arg.startswith("-") and _is_secret_name(arg.split("=", 1)[0]):
             if "=" in arg:
                 out.append(arg.split("=", 1)[0] + "=" + REDACTED)
             else:
                 out.append(arg)
                 mask_next = True
-        elif "=" in arg and is_secret_name(arg.split("=", 1)[0]):
+        elif "=" in arg and _is_secret_name(arg.split("=", 1)[0]):
             out.append(arg.split("=", 1)[0] + "=" + REDACTED)
         elif "{" in arg:  # a JSON value: --extra-args '{"api_key": ...}', --kv-transfer-config '{...}'
             out.append(_QUOTED_ENTRY.sub(_mask_quoted, arg))
@@ -55,7 +55,7 @@ _BEARER = re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+")
 
 
 def _mask_quoted(m: re.Match) -> str:
-    if not is_secret_name(m["name"]):
+    if not _is_secret_name(m["name"]):
         return m[0]
     return f"{m['q']}{m['name']}{m['q']}{m['sep']}{m['vq']}{REDACTED}{m['vq']}"
 
@@ -63,7 +63,7 @@ def _mask_quoted(m: re.Match) -> str:
 def redact_text(text: str) -> str:
     """A log line or file body with every secret value it shows masked."""
     def plain(m: re.Match) -> str:
-        return m[0] if not is_secret_name(m["name"]) else f"{m['name']}{m['sep']}{REDACTED}"
+        return m[0] if not _is_secret_name(m["name"]) else f"{m['name']}{m['sep']}{REDACTED}"
 
     text = _BEARER.sub(lambda m: m[1] + REDACTED, text)
     text = _QUOTED_ENTRY.sub(_mask_quoted, text)
@@ -72,13 +72,13 @@ def redact_text(text: str) -> str:
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if is_secret_name(k) else v) for k, v in env.items()}
+    return {k: (REDACTED if _is_secret_name(k) else v) for k, v in env.items()}
 
 
 def redact_config(obj: Any) -> Any:
     """A dumped config with secret-named mapping entries masked and argv-like lists redacted."""
     if isinstance(obj, dict):
-        return {k: (REDACTED if isinstance(k, str) and is_secret_name(k) and isinstance(v, str)
+        return {k: (REDACTED if isinstance(k, str) and _is_secret_name(k) and isinstance(v, str)
                     else redact_config(v)) for k, v in obj.items()}
     if isinstance(obj, list) and all(isinstance(x, str) for x in obj):
         return redact_argv(obj)

@@ -120,7 +120,7 @@ def open_recorder(plan: Plan, root: Path, *, simulated: bool | None = None, engi
         points={d.name: [p.point_id for p in d.points] if planned_points else [] for d in plan.deployments})
 
 
-def build_datasets(plan: Plan, deployments: list[str], progress: Progress) -> dict[str, BuiltDataset]:
+def _build_datasets(plan: Plan, deployments: list[str], progress: Progress) -> dict[str, BuiltDataset]:
     """Each deployment's dataset (a sweep with contexts has one per context), built once each, cached."""
     built: dict[str, BuiltDataset] = {}
     by_recipe: dict[int, BuiltDataset] = {}
@@ -252,7 +252,7 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
     if plan.client.spec is not None:  # EvalScope runs beside the harness: the pinned one is built here, once
         client = ensure_client(plan.client.spec, options.clients_dir, progress)
         client_version, client_lock = client.evalscope_version, (client.lock or {}).get("sha256")
-    datasets = build_datasets(plan, [d.name for d in todo] or [d.name for d in plan.deployments], progress)
+    datasets = _build_datasets(plan, [d.name for d in todo] or [d.name for d in plan.deployments], progress)
     dataset = datasets[todo[0].name if todo else plan.deployments[0].name]
     recorder.record_provenance(provenance.collect(loaded, dataset.path, dataset.sha256,
                                                   evalscope_version=client_version,
@@ -339,7 +339,7 @@ def _build_record(dep: DeploymentPlan, build_provenance: dict) -> BuildRecord:
     return BuildRecord.model_validate({**build_provenance, "kernels": dep.build.kernels if dep.build else "vllm"})
 
 
-def prepare_on_node(profile, dialect, expected_python, envs_dir) -> PreparedServer:
+def _prepare_on_node(profile, dialect, expected_python, envs_dir) -> PreparedServer:
     """ServerSpec.prepare under Ray: the build is made and checked on the server's node."""
     prepared = prepare_build(profile, dialect, expected_python, envs_dir)
     return PreparedServer(python=prepared.env.python, provenance=prepared.provenance(), env=prepared.server_env)
@@ -351,7 +351,7 @@ def _server_spec(run: _Run, dep: DeploymentPlan) -> ServerSpec:
     model_paths = fetched.paths_for(LOCAL_NODE if run.options.launcher == "local" else None) if fetched else {}
     prepare = None
     if dep.build is not None and run.options.launcher == "ray":  # the build is made on the server's node
-        prepare = partial(prepare_on_node, profile, dep.dialect, dep.build.python, run.options.envs_dir)
+        prepare = partial(_prepare_on_node, profile, dep.dialect, dep.build.python, run.options.envs_dir)
     env = {**dep.command.env, **run.server_env.get(dep.name, {})}  # e.g. the bundled kernels' overlay
     return ServerSpec(name=dep.name, argv=list(dep.command.argv), env=env, host=profile.host,
                       port=profile.port or 0, log_path=run.recorder.paths.server_log(dep.name),

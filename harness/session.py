@@ -111,7 +111,7 @@ def close_run(run_dir: Path, *, outputs: bool, progress: Progress) -> RunOutputs
     return RunOutputs(report=report, plots_dir=plots_dir, figures=[f for f in figures if f.suffix in (".svg", ".png")])
 
 
-def build_all(loaded: LoadedSweep, options: SessionOptions, progress: Progress) -> str | None:
+def _build_all(loaded: LoadedSweep, options: SessionOptions, progress: Progress) -> str | None:
     """Make the pinned client and make and check every vLLM arm's build (with its kernels), here, before
     any server starts; why one failed, or None. The run reuses what is made here."""
     plan = make_plan(loaded, envs_dir=options.envs_dir, clients_dir=options.clients_dir)
@@ -141,7 +141,7 @@ def run_session(loaded: LoadedSweep, options: SessionOptions, progress: Progress
         for killed in reap_stale_servers():
             progress(f"stopped a server left behind by an earlier harness: {killed}")
         if options.build_first:
-            result.infrastructure_failure = build_all(loaded, options, progress)
+            result.infrastructure_failure = _build_all(loaded, options, progress)
             if result.infrastructure_failure is not None:
                 result.wall_s = time.monotonic() - started
                 return result

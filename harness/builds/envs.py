@@ -149,7 +149,7 @@ def _venv_python(env_dir: Path) -> Path:
     return env_dir / "bin" / "python"
 
 
-def git_build_command(spec: BuildSpec) -> str:
+def _git_build_command(spec: BuildSpec) -> str:
     return spec.build_command or "pip install -e ."
 
 
@@ -184,7 +184,7 @@ def recipe_steps(spec: BuildSpec, env_dir: Path, lock: Lock | None = None) -> li
         dropin = dropin_recipe_step(python, src)
         steps.append(BuildStep(dropin.argv, dropin.why))
     steps += [
-        BuildStep(["bash", "-c", git_build_command(spec)], f"build with TORCH_CUDA_ARCH_LIST={arch}", cwd=src,
+        BuildStep(["bash", "-c", _git_build_command(spec)], f"build with TORCH_CUDA_ARCH_LIST={arch}", cwd=src,
                   env={"TORCH_CUDA_ARCH_LIST": arch, "VIRTUAL_ENV": str(env_dir),
                        "PATH": f"{env_dir / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}),
     ]
@@ -207,7 +207,7 @@ def _cuda_toolchain() -> tuple[str | None, bool]:
     return nvcc, has_gpu
 
 
-def builds_cuda(spec: BuildSpec) -> bool:
+def _builds_cuda(spec: BuildSpec) -> bool:
     """A build of CUDA vLLM (PyPI `vllm`, or from source); `system` is whatever its torch is."""
     return spec.kind in ("pypi", "git") and spec.package == "vllm"
 
@@ -218,7 +218,7 @@ def planned_kernel(spec: BuildSpec) -> KernelIdentity | None:
         return None
     if spec.kind == "system":
         return planned_identity("cpu or cuda (as the system torch)", None)
-    if builds_cuda(spec):
+    if _builds_cuda(spec):
         return planned_identity("cuda", spec.cuda_arch or DEFAULT_CUDA_ARCH)
     return planned_identity("cpu", None)
 
@@ -309,7 +309,7 @@ def _dir_size_bytes(path: Path) -> int:
     return total
 
 
-def read_marker(env_dir: Path) -> BuildEnv | None:
+def _read_marker(env_dir: Path) -> BuildEnv | None:
     """The finished environment recorded in `env_dir`, or None where there is none."""
     try:
         data = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))
@@ -368,7 +368,7 @@ def _build_into(spec: BuildSpec, tmp: Path, final: Path, progress: Progress, loc
                    torch_version=probe.torch_version, created=True, build_s=build_s,
                    distribution=probe.distribution, torch_cuda=probe.torch_cuda,
                    cuda_arch=(spec.cuda_arch or DEFAULT_CUDA_ARCH) if spec.kind == "git" else None,
-                   build_command=git_build_command(spec) if spec.kind == "git" else None,
+                   build_command=_git_build_command(spec) if spec.kind == "git" else None,
                    size_bytes=_dir_size_bytes(tmp), lock=lock.provenance() if lock else None, resolved=resolved)
     _repoint_scripts(tmp, final)
     shutil.move(str(log_path), str(tmp / BUILD_LOG))
@@ -377,7 +377,7 @@ def _build_into(spec: BuildSpec, tmp: Path, final: Path, progress: Progress, loc
 
 
 def _system_build(spec: BuildSpec) -> BuildEnv:
-    python = system_python()
+    python = _system_python()
     probe = probe_build(python) if python else None
     version = probe.vllm_version if probe else _vllm_cli_version()
     if version is None:
@@ -391,7 +391,7 @@ def _system_build(spec: BuildSpec) -> BuildEnv:
                     torch_cuda=probe.torch_cuda if probe else None)
 
 
-def system_python() -> str | None:
+def _system_python() -> str | None:
     """The interpreter whose site-packages hold the `vllm` on PATH (read off its shebang)."""
     script = shutil.which("vllm")
     if script:
@@ -424,8 +424,8 @@ def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress
     envs_dir = (cache_dir or DEFAULT_ENVS_DIR).expanduser()
     lock = build_lock(spec)
     final = env_dir_for(spec, envs_dir, lock)
-    found = read_marker(final)
-    if spec.kernels == "bundled" and builds_cuda(spec):  # even where the vLLM itself is built already
+    found = _read_marker(final)
+    if spec.kernels == "bundled" and _builds_cuda(spec):  # even where the vLLM itself is built already
         _refuse_cuda_here(spec, final, progress, built=found is not None, cache_dir=cache_dir)
     if found is not None:
         return found
@@ -437,7 +437,7 @@ def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress
         progress(f"building {spec.vllm} into {final} ({how}; once, reused after)")
         return _build_into(spec, tmp, final, progress, lock)
 
-    env, created = build_once(final, find=lambda: read_marker(final), build=build)
+    env, created = build_once(final, find=lambda: _read_marker(final), build=build)
     if not created:
         return env
     progress(f"built {env.describe()} (torch {env.torch_version}) in {env.build_s:.0f}s, "
@@ -450,5 +450,5 @@ def expected_python(spec: BuildSpec, envs_dir: Path | None = None) -> str | None
     function of its spec, so the plan renders the command the server's node will run. None: the
     `vllm` on PATH (a system build whose interpreter cannot be found)."""
     if spec.kind == "system":
-        return system_python()
+        return _system_python()
     return str(_venv_python(env_dir_for(spec, envs_dir)))

@@ -246,7 +246,7 @@ def torch_version_of(python: str) -> str:
     return python_facts(python, "import importlib.metadata as m; print(m.version('torch'))")
 
 
-def read_identity(python: str, overlay: Path) -> KernelIdentity:
+def _read_identity(python: str, overlay: Path) -> KernelIdentity:
     code = "import json, hisparse_kernels as hk; print(json.dumps(hk.identity().__dict__))"
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(overlay)})
@@ -256,7 +256,7 @@ def read_identity(python: str, overlay: Path) -> KernelIdentity:
     return KernelIdentity.from_dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def overlay_key(source_sha256: str, torch_version: str, python_version: str, cuda_arch: str | None) -> str:
+def _overlay_key(source_sha256: str, torch_version: str, python_version: str, cuda_arch: str | None) -> str:
     material = {"recipe": OVERLAY_RECIPE, "source": source_sha256, "torch": torch_version,
                 "python": python_version, "cuda_arch": cuda_arch}
     return json_digest(material)
@@ -269,7 +269,7 @@ def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None
     src = require_source_dir(source_dir)
     sha = source_hash(src)
     py_version = python_facts(python, "import sys; print('%d.%d' % sys.version_info[:2])")
-    key = overlay_key(sha, torch_version, py_version, cuda_arch)
+    key = _overlay_key(sha, torch_version, py_version, cuda_arch)
     root = (cache_root or DEFAULT_CACHE_ROOT).expanduser() / "kernels"
     final = root / key
 
@@ -285,7 +285,7 @@ def ensure_kernel_overlay(python: str, torch_version: str, cuda_arch: str | None
         started = time.monotonic()
         for step in kernel_build_steps(python, tmp, cuda_arch, src):
             run_step(step, log_path, progress, f"kernels {key}")
-        identity = read_identity(python, tmp)
+        identity = _read_identity(python, tmp)
         if identity.source_sha256 != sha or identity.built_for != ("cuda" if cuda_arch else "cpu"):
             raise KernelBuildError(f"the built kernels report {identity}, expected sha256 {sha[:12]} "
                                    f"for {'cuda' if cuda_arch else 'cpu'} (log {log_path})")

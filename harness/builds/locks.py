@@ -99,14 +99,14 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def platform_tag(python_version: str | None = None) -> str:
+def _platform_tag(python_version: str | None = None) -> str:
     """cp311-linux_x86_64: what a lock was resolved for (wheels and markers differ by both)."""
     py = python_version or f"{sys.version_info.major}.{sys.version_info.minor}"
     return f"cp{py.replace('.', '')}-{sys.platform}_{platform.machine()}"
 
 
 def lock_path(recipe: str, python_version: str | None = None, locks_dir: Path | None = None) -> Path:
-    return (locks_dir or LOCKS_DIR) / f"{recipe}.{platform_tag(python_version)}.txt"
+    return (locks_dir or LOCKS_DIR) / f"{recipe}.{_platform_tag(python_version)}.txt"
 
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)((?:\s+--hash=sha256:[0-9a-f]{64})*)\s*$")

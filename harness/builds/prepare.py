@@ -49,7 +49,7 @@ class PreparedBuild:
         return out
 
 
-def ensure_model(profile: LaunchProfile) -> str:
+def _ensure_model(profile: LaunchProfile) -> str:
     """The model the server loads; the tiny CPU model is generated where the profile names its path.
 
     (serve.model is already expanded: vLLM takes a path as given, so `~` is resolved at load.)"""
@@ -58,7 +58,7 @@ def ensure_model(profile: LaunchProfile) -> str:
     return profile.serve.model
 
 
-def ensure_bundled_overlay(profile: LaunchProfile, env: BuildEnv, cache_dir: Path | None, progress: Progress,
+def _ensure_bundled_overlay(profile: LaunchProfile, env: BuildEnv, cache_dir: Path | None, progress: Progress,
                            kernel_source: Path | None = None) -> KernelOverlay:
     """The module built for this environment's torch: CPU kernels for a CPU torch, else CUDA for the
     profile's GPU architecture (build.cuda_arch, default sm 9.0)."""
@@ -89,11 +89,11 @@ def prepare_build(profile: LaunchProfile, dialect: ResolvedDialect | None, expec
                          f"server command for {expected_python}; plan and run with the same cache folder")
     probe = check_build(profile, env, dialect)
     if profile.build.kernels != "bundled":
-        return PreparedBuild(env=env, probe=probe, model=ensure_model(profile))
-    overlay = ensure_bundled_overlay(profile, env, cache_dir, progress, kernel_source)
+        return PreparedBuild(env=env, probe=probe, model=_ensure_model(profile))
+    overlay = _ensure_bundled_overlay(profile, env, cache_dir, progress, kernel_source)
     server_env = bundled_server_env(overlay.path, profile.env)
     dispatch = check_bundled_kernels(env, overlay, {**profile.env, **server_env})
     progress(f"build {env.spec}: {overlay.identity.describe()}: calls through torch.ops._C_cache_ops reach it "
              f"(overlay {overlay.path})")
-    return PreparedBuild(env=env, probe=probe, model=ensure_model(profile), server_env=server_env, kernel=overlay,
+    return PreparedBuild(env=env, probe=probe, model=_ensure_model(profile), server_env=server_env, kernel=overlay,
                          dispatch=dispatch)

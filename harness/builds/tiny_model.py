@@ -109,7 +109,7 @@ def _weights(vocab_size: int, seed: int = SEED) -> dict:
     return tensors
 
 
-def model_key(tokenizer_dir: Path = TOKENIZER_DIR) -> str:
+def _model_key(tokenizer_dir: Path = TOKENIZER_DIR) -> str:
     """Hash of everything the model folder is made from: the generator and the tokenizer files."""
     h = hashlib.sha256(f"tiny-llama-v{GENERATOR_VERSION}".encode())
     for name in TOKENIZER_FILES:
@@ -141,7 +141,7 @@ def ensure_tiny_model(models_dir: Path | None = None, tokenizer_dir: Path = TOKE
         if not (tokenizer_dir / name).is_file():
             raise HarnessError(f"tiny model: tokenizer file {tokenizer_dir / name} is missing")
     root = (models_dir or DEFAULT_MODELS_DIR).expanduser()
-    final = root / f"tiny-llama-2l-{model_key(tokenizer_dir)}"
+    final = root / f"tiny-llama-2l-{_model_key(tokenizer_dir)}"
     if not (final / "model.safetensors").is_file():
         _generate(final, root, tokenizer_dir)
     link = root / TINY_MODEL_NAME

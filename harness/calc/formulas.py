@@ -145,7 +145,7 @@ class CalcInputs(StrictModel):
         try:
             return cls(**fields)
         except ValidationError as exc:
-            raise CalcError(one_line(exc)) from None
+            raise CalcError(_one_line(exc)) from None
 
     @property
     def gpu_name(self) -> str:
@@ -173,7 +173,7 @@ class CalcInputs(StrictModel):
         return DEFAULT_HOT_ROWS
 
 
-def one_line(exc: ValidationError) -> str:
+def _one_line(exc: ValidationError) -> str:
     """The first validation problem as `field: message (got X)`, plus a count of the others."""
     errors = exc.errors(include_url=False)
     err = errors[0]

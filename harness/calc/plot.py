@@ -14,7 +14,7 @@ CROSSOVER_COLOR = "#2a7ae2"
 FORMATS = {".png": "png", ".svg": "svg"}
 
 
-def format_tokens(tokens: float) -> str:
+def _format_tokens(tokens: float) -> str:
     """Axis labels as on the page: 8K, 128K, 1M (K = 1,024 tokens)."""
     if tokens >= 1024**2:
         return f"{tokens / 1024**2:.1f}".removesuffix(".0") + "M"
@@ -73,7 +73,7 @@ def plot_concurrency(results: list[CalcResult], crossover: int | None, path: Pat
         lo_exp, hi_exp = seq[0].bit_length() - 1, seq[-1].bit_length()
         ticks = [2**e for e in range(lo_exp, hi_exp + 1) if seq[0] <= 2**e <= seq[-1]]
         ax.xaxis.set_major_locator(FixedLocator(ticks))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: format_tokens(v)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _format_tokens(v)))
         ax.xaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
         ax.grid(True, which="major", color="#e4e4e4", lw=0.8)
@@ -84,7 +84,7 @@ def plot_concurrency(results: list[CalcResult], crossover: int | None, path: Pat
             ax.axvline(crossover, color=CROSSOVER_COLOR, ls="--", lw=1.3,
                        label="crossover (HiSparse starts to win)", zorder=5)
             text = ("HiSparse ahead across the range" if at_start
-                    else f"HiSparse ahead from\n{crossover:,} tokens ({format_tokens(crossover)})")
+                    else f"HiSparse ahead from\n{crossover:,} tokens ({_format_tokens(crossover)})")
             ax.annotate(text, xy=(crossover, y_text), xytext=(6, 0), textcoords="offset points",
                         color=CROSSOVER_COLOR, fontsize=9, va="top")
         else:

@@ -19,7 +19,7 @@ from harness.session import SessionOptions, run_session
 @dataclass(frozen=True)
 class CapacityArgs(CommandArgs):
     sweep: Path = positional("sweep file with a `search:` section and usually `contexts:` (e.g. "
-                             "sweeps/sim-capacity.yaml)", type=Path)
+                             "sweeps/tp8-capacity.yaml)", type=Path)
     simulate: bool = option("--simulate", "search on the simulated engine in virtual time (seconds; no servers, "
                             "no EvalScope)", action="store_true", default=False)
     run_id: str | None = common.run_id("the run folder; an existing one is resumed: probes already measured are "

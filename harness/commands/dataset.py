@@ -41,15 +41,15 @@ def register(parser: argparse.ArgumentParser) -> None:
                                description="Build a dataset recipe (datasets/*.yaml) into EvalScope's swe_smith "
                                            "format; reuses the cached file under <recipe dir>/built/ when the "
                                            "recipe and its inputs are unchanged.")
-    DatasetBuildArgs.register(build, run_build)
+    DatasetBuildArgs.register(build, _run_build)
     verify = actions.add_parser("verify", help="check every turn's length, turn counts and disjoint prefixes",
                                 description="Check a built file: bare length of every turn, number of turns, "
                                             "prompt_tokens, and that no two conversations share a prefix. "
                                             "Exit 1 naming the conversation and turn on any violation.")
-    DatasetVerifyArgs.register(verify, run_verify)
+    DatasetVerifyArgs.register(verify, _run_verify)
 
 
-def run_build(args: DatasetBuildArgs) -> int:
+def _run_build(args: DatasetBuildArgs) -> int:
 
     loaded = load_recipe(args.recipe)
     if args.conversations is not None:
@@ -66,7 +66,7 @@ def run_build(args: DatasetBuildArgs) -> int:
     return 0
 
 
-def run_verify(args: DatasetVerifyArgs) -> int:
+def _run_verify(args: DatasetVerifyArgs) -> int:
 
 
     tokenizer = load_tokenizer(args.tokenizer or default_tokenizer_path(), args.trust_remote_code)

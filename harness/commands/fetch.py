@@ -35,7 +35,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     FetchArgs.register(parser, run)
 
 
-def servers_of(path: Path) -> list[tuple[str, HubRef | None, int]]:
+def _servers_of(path: Path) -> list[tuple[str, HubRef | None, int]]:
     """(server name, its hub model or None, the GPUs it reserves) for a sweep's deployments or one profile."""
     if "deployments" in read_yaml_mapping(path):
         plan = make_plan(load_sweep(path))
@@ -51,7 +51,7 @@ def _node_lines(outcome: WeightsOutcome) -> list[str]:
 
 
 def run(args: FetchArgs) -> int:
-    servers = servers_of(args.file)
+    servers = _servers_of(args.file)
     needs = group_needs(servers)
     if not needs:
         print(f"{display_path(args.file)}: nothing to fetch (every model is a local path, the generated tiny "

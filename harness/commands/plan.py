@@ -29,11 +29,11 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 def run(args: PlanArgs) -> int:
     plan = make_plan(load_sweep(args.sweep), dialect=args.dialect)
-    print(json.dumps(plan_as_dict(plan), indent=2) if args.json else plan_as_text(plan))
+    print(json.dumps(_plan_as_dict(plan), indent=2) if args.json else _plan_as_text(plan))
     return 0
 
 
-def plan_as_dict(plan: Plan) -> dict:
+def _plan_as_dict(plan: Plan) -> dict:
     sweep = plan.config
     return {
         "sweep": sweep.name,
@@ -73,7 +73,7 @@ def plan_as_dict(plan: Plan) -> dict:
     }
 
 
-def plan_as_text(plan: Plan) -> str:
+def _plan_as_text(plan: Plan) -> str:
     sweep = plan.config
     n_points = len(sweep.client.point_list)
     client = plan.client

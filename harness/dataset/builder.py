@@ -82,7 +82,7 @@ def _first_safe(text: str, start: int, stop: int, step: int) -> int | None:
     return None
 
 
-def chat_count_by_segments(tokenizer: Tokenizer, messages: Sequence[dict[str, str]],
+def _chat_count_by_segments(tokenizer: Tokenizer, messages: Sequence[dict[str, str]],
                            bare_counts: Sequence[int]) -> int | None:
     """count_chat without encoding long contents again: their middles are known from the bare counts.
 
@@ -255,13 +255,13 @@ class ConversationBuilder:
     def _chat_count(self, messages: list[dict[str, str]], bare: list[int]) -> int:
         if self._chat_by_segments is None:
             full = self.tokenizer.count_chat(messages)
-            by_segments = chat_count_by_segments(self.tokenizer, messages, bare)
+            by_segments = _chat_count_by_segments(self.tokenizer, messages, bare)
             self._chat_by_segments = by_segments == full
             if not self._chat_by_segments:
                 self.stats.prompt_tokens_method = "full"
             return full
         if self._chat_by_segments:
-            fast = chat_count_by_segments(self.tokenizer, messages, bare)
+            fast = _chat_count_by_segments(self.tokenizer, messages, bare)
             if fast is not None:
                 return fast
         return self.tokenizer.count_chat(messages)

@@ -85,7 +85,7 @@ def _label(path: Path | str, base: Path) -> str:
     return Path(os.path.relpath(Path(path).resolve(), base.resolve())).as_posix()
 
 
-def recipe_summary(loaded: LoadedRecipe) -> dict[str, Any]:
+def _recipe_summary(loaded: LoadedRecipe) -> dict[str, Any]:
     base = loaded.path.parent
     data = loaded.recipe.model_dump(mode="json")
     if loaded.recipe.source.path is not None:
@@ -132,7 +132,7 @@ def cache_key_material(loaded: LoadedRecipe, number: int, tokenizer: Tokenizer,
     source_part = ({"kind": "hub", **source.key(), "split": r.source.split} if source is not None
                    else {"kind": r.source.kind, "sha256": sha256_file(r.source.path)})
     pad = _input(inputs, "pad")
-    return {"builder_version": BUILDER_VERSION, "recipe": recipe_summary(loaded), "number": number,
+    return {"builder_version": BUILDER_VERSION, "recipe": _recipe_summary(loaded), "number": number,
             "source": source_part, "tokenizer": tokenizer.fingerprint,
             "pad": pad_inputs_digest(r.pad.kind, list(r.pad.paths), r.pad.split, r.pad.field),
             **({"pad_source": pad.key()} if pad is not None else {})}
@@ -143,7 +143,7 @@ def cache_key(loaded: LoadedRecipe, number: int, tokenizer: Tokenizer, inputs: t
     return json_digest(material)
 
 
-def cache_path(loaded: LoadedRecipe, key: str) -> Path:
+def _cache_path(loaded: LoadedRecipe, key: str) -> Path:
     return loaded.path.parent / "built" / f"{loaded.recipe.name}-{key}.json"
 
 
@@ -177,7 +177,7 @@ def _progress_bar(total: int, enabled: bool):
     return tqdm(total=total, unit="conv", desc="building dataset", file=sys.stderr, leave=False)
 
 
-def build_bytes(loaded: LoadedRecipe, number: int, tokenizer: Tokenizer, key: str,
+def _build_bytes(loaded: LoadedRecipe, number: int, tokenizer: Tokenizer, key: str,
                 progress: bool = False, on_progress=None, inputs: tuple[HubInput, ...] = ()) -> tuple[bytes, int]:
     """The file's bytes and its total bare tokens."""
     r = loaded.recipe
@@ -216,7 +216,7 @@ def build_bytes(loaded: LoadedRecipe, number: int, tokenizer: Tokenizer, key: st
         "format": "swe_smith",
         "builder": f"harness.dataset v{BUILDER_VERSION}",
         "cache_key": key,
-        "recipe": recipe_summary(loaded),
+        "recipe": _recipe_summary(loaded),
         "conversations": len(result.conversations),
         "num_turns": r.num_turns,
         "first_turn_length": r.first_turn_length,
@@ -226,7 +226,7 @@ def build_bytes(loaded: LoadedRecipe, number: int, tokenizer: Tokenizer, key: st
         "prompt_tokens": PROMPT_TOKENS_RULE,
         "prompt_tokens_method": result.stats.prompt_tokens_method,
         "total_tokens": result.total_tokens,
-        "tokenizer": {"name": recipe_summary(loaded)["tokenizer"]["name"], "fingerprint": tokenizer.fingerprint,
+        "tokenizer": {"name": _recipe_summary(loaded)["tokenizer"]["name"], "fingerprint": tokenizer.fingerprint,
                       **({"hub": inp.record().model_dump(mode="json")} if (inp := _input(inputs, "tokenizer"))
                          else {})},
         "hub_inputs": {i.role: i.record().model_dump(mode="json") for i in inputs},
@@ -258,7 +258,7 @@ def ensure_built(loaded: LoadedRecipe, min_conversations: int, progress: bool = 
     tokenizer = load_tokenizer_cached(r.tokenizer.name, r.tokenizer.trust_remote_code, r.tokenizer.revision, r.hub)
     inputs = hub_inputs(loaded, tokenizer)
     key = cache_key(loaded, number, tokenizer, inputs)
-    cached_file = cache_path(loaded, key)
+    cached_file = _cache_path(loaded, key)
     target = out if out is not None else cached_file
 
     for candidate in (target, cached_file):
@@ -277,7 +277,7 @@ def ensure_built(loaded: LoadedRecipe, min_conversations: int, progress: bool = 
                                 build_s=time.perf_counter() - started, total_tokens=int(meta["total_tokens"]),
                                 inputs=inputs)
 
-    data, total_tokens = build_bytes(loaded, number, tokenizer, key, progress=progress, inputs=inputs)
+    data, total_tokens = _build_bytes(loaded, number, tokenizer, key, progress=progress, inputs=inputs)
     atomic_write_bytes(cached_file, data)
     if target != cached_file:
         atomic_write_bytes(target, data)

@@ -115,7 +115,7 @@ class SyntheticPad:
         return "".join([self.phrases[i] for i in chosen])
 
 
-def code_word(ordinal: int) -> str:
+def _code_word(ordinal: int) -> str:
     """A capitalised pseudo-word naming a pad slot, least significant syllable first.
 
     Text pools repeat themselves (two spans can both start "Okay, so the"); this word makes
@@ -259,7 +259,7 @@ class PadSupply:
         self.slots += 1
         if n_tokens <= 0:
             return ""
-        lead = code_word(ordinal)
+        lead = _code_word(ordinal)
         lead_tokens = self.synthetic.tokenizer.count_bare(lead)
         if lead_tokens >= n_tokens:
             lead, lead_tokens = "", 0

@@ -41,7 +41,7 @@ class SourceRows:
     provenance: dict[str, Any] = field(default_factory=dict)
 
 
-def flatten_content(content: Any) -> str:
+def _flatten_content(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -68,7 +68,7 @@ def normalise_messages(messages: Sequence[Any]) -> list[dict[str, str]]:
             role = "user"
         if role not in ("system", "user", "assistant"):
             continue
-        content = flatten_content(message.get("content"))
+        content = _flatten_content(message.get("content"))
         if content.strip():
             out.append({"role": role, "content": content})
     return out

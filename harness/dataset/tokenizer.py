@@ -49,7 +49,7 @@ SIMPLE_CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
-def render_simple_chat(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+def _render_simple_chat(messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True) -> str:
     parts = [SIMPLE_CHAT_PREFIX]
     for message in messages:
         parts.append(f"<|{message['role']}|>\n{message.get('content') or ''}")
@@ -113,7 +113,7 @@ class Tokenizer:
             except Exception as exc:  # a template that raises is the tokenizer's problem, say so in one line
                 raise HarnessError(f"tokenizer {self.name}: chat template failed: "
                                    f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-        return render_simple_chat(plain, add_generation_prompt=True)
+        return _render_simple_chat(plain, add_generation_prompt=True)
 
     def count_chat(self, messages: Sequence[dict[str, Any]]) -> int:
         # vLLM encodes a rendered chat prompt with add_special_tokens=False (the template has them).

@@ -93,7 +93,7 @@ def group_scrapes(records: Iterable[ScrapeRecord], window: tuple[float, float] |
 
 # --- one helper per kind of series -------------------------------------------------------------
 
-def gauge_series(snapshots: list[Snapshot], name: str,
+def _gauge_series(snapshots: list[Snapshot], name: str,
                  combine: Callable[[list[float]], float] = sum) -> list[float]:
     """Per scrape, the gauge's label sets combined into one value; scrapes without it are left out."""
     return [combine(list(s.series[name].values())) for s in snapshots if s.series.get(name)]
@@ -159,13 +159,13 @@ def _client_metrics(summary: EvalScopeSummary | None, gpus_per_server: int) -> d
 
 
 def _gauge_metrics(snapshots: list[Snapshot]) -> dict[str, float | None]:
-    running = gauge_series(snapshots, names.RUNNING)
-    waiting = gauge_series(snapshots, names.WAITING)
-    kv_name = next((n for n in KV_USAGE if gauge_series(snapshots, n)), None)
-    kv_mean = gauge_series(snapshots, kv_name, statistics.fmean) if kv_name else []
-    kv_max = gauge_series(snapshots, kv_name, max) if kv_name else []
+    running = _gauge_series(snapshots, names.RUNNING)
+    waiting = _gauge_series(snapshots, names.WAITING)
+    kv_name = next((n for n in KV_USAGE if _gauge_series(snapshots, n)), None)
+    kv_mean = _gauge_series(snapshots, kv_name, statistics.fmean) if kv_name else []
+    kv_max = _gauge_series(snapshots, kv_name, max) if kv_name else []
     busy = [v for v in running if v != 0]
-    host_usage = gauge_series(snapshots, HISPARSE_HOST_USAGE, max)
+    host_usage = _gauge_series(snapshots, HISPARSE_HOST_USAGE, max)
     return {
         "hisparse_host_usage_max": max(host_usage) if host_usage else None,
         # no scrape in the window saw a request running (a short point, a late gauge): unknown, not 0
@@ -301,7 +301,7 @@ def percentile_name(base: str, q: int, unit: str) -> str:
     return f"{base}_p{q}_{unit}"
 
 
-def latency_samples(rows: Iterable[RequestRow]) -> dict[str, list[float]]:
+def _latency_samples(rows: Iterable[RequestRow]) -> dict[str, list[float]]:
     """Per latency, its samples in the column's unit, over the succeeded requests (RequestRow.ok): TTFT and
     end-to-end latency one per request, TPOT one per request of two output tokens or more (EvalScope's
     definition, RequestRow.tpot_s), ITL every gap between streamed chunks, pooled over the requests."""
@@ -316,7 +316,7 @@ def latency_samples(rows: Iterable[RequestRow]) -> dict[str, list[float]]:
 
 def latency_percentiles(rows: Iterable[RequestRow]) -> dict[str, float | None]:
     """p50/p90/p99 of TTFT, TPOT, ITL (ms) and end-to-end latency (s): ttft_p90_ms and so on."""
-    samples = latency_samples(rows)
+    samples = _latency_samples(rows)
     return {percentile_name(base, q, unit): percentile(samples[base], q)
             for base, unit in LATENCIES for q in PERCENTILES}
 

@@ -67,7 +67,7 @@ def _fill(data: dict[str, Any], keys: dict[str, tuple[str, float]], path: Path) 
     return out
 
 
-def summary_from_dict(data: dict[str, Any], path: Path) -> EvalScopeSummary:
+def _summary_from_dict(data: dict[str, Any], path: Path) -> EvalScopeSummary:
     fields: dict[str, Any] = {}
     for fieldname, candidates in _STABLE_KEYS.items():
         present = next(((k, f) for k, f in candidates if k in data), None)
@@ -98,4 +98,4 @@ def parse_summary(path: Path) -> EvalScopeSummary:
         raise HarnessError(f"{path}: EvalScope summary is not JSON: {exc.msg} at line {exc.lineno}") from None
     if not isinstance(data, dict):
         raise HarnessError(f"{path}: EvalScope summary is not a JSON object")
-    return summary_from_dict(data, path)
+    return _summary_from_dict(data, path)

@@ -22,7 +22,7 @@ class Sample:
     value: float = math.nan
 
 
-def family_kept(family_name: str, keep_prefixes: Sequence[str]) -> bool:
+def _family_kept(family_name: str, keep_prefixes: Sequence[str]) -> bool:
     return not keep_prefixes or any(family_name.startswith(p) for p in keep_prefixes)
 
 
@@ -37,7 +37,7 @@ def parse_exposition(text: str, keep_prefixes: Sequence[str] = ()) -> list[Sampl
     samples: list[Sample] = []
     try:
         for family in text_string_to_metric_families(text):
-            keep = family_kept(family.name, keep_prefixes)
+            keep = _family_kept(family.name, keep_prefixes)
             for s in family.samples:
                 if keep:
                     samples.append(Sample(name=s.name, labels=dict(s.labels), value=float(s.value)))

@@ -82,7 +82,7 @@ def scrape_once(url: str, keep_prefixes: Sequence[str] = DEFAULT_KEEP_PREFIXES,
     return parse_exposition(response.text, keep_prefixes)
 
 
-def scrape_records(url: str, index: int, keep_prefixes: Sequence[str],
+def _scrape_records(url: str, index: int, keep_prefixes: Sequence[str],
                    timeout_s: float, api_key: str | None = None) -> list[ScrapeRecord]:
     """One scrape as the records it appends; a failure becomes one error record, never an exception."""
     try:
@@ -177,7 +177,7 @@ class Scraper:
             self._thread_error = exc
 
     def _scrape(self) -> None:
-        records = scrape_records(self.url, self.scrapes_taken, self.keep_prefixes, self.timeout_s, self.api_key)
+        records = _scrape_records(self.url, self.scrapes_taken, self.keep_prefixes, self.timeout_s, self.api_key)
         assert self._out is not None
         self._out.write("".join(json.dumps(r.to_json()) + "\n" for r in records))
         self._out.flush()

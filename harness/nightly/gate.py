@@ -91,7 +91,7 @@ def gate_night(night: NightRecord, history: Sequence[NightRecord],
         return result
     good = _last_good(comparable, earlier, settings)
     return GateResult(result.night_id, result.outcome, result.findings, result.notes, result.baseline_nights,
-                      good.night_id, provenance_changes(good, night))
+                      good.night_id, _provenance_changes(good, night))
 
 
 def gate_history(nights: Sequence[NightRecord], settings: NightlySettings | None = None) -> list[GateResult]:
@@ -125,7 +125,7 @@ def _last_good(comparable: list[NightRecord], earlier: list[NightRecord],
     return comparable[-1]
 
 
-def provenance_changes(before: NightRecord, after: NightRecord) -> list[ProvenanceChange]:
+def _provenance_changes(before: NightRecord, after: NightRecord) -> list[ProvenanceChange]:
     """Versions that differ between two nights: per deployment (vLLM, kernels), then night-wide."""
     out = []
     for dep in sorted(set(before.deployments) & set(after.deployments)):

@@ -27,7 +27,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def findings_table(findings: Sequence[Finding]) -> list[str]:
+def _findings_table(findings: Sequence[Finding]) -> list[str]:
     lines = ["| deployment | c | metric | baseline | tonight | ratio | threshold | reason |",
              "|---|--:|---|--:|--:|--:|---|---|"]
     for f in findings:
@@ -66,7 +66,7 @@ def step_summary(result: GateResult, night: NightRecord, change_points: Sequence
     base = ", ".join(result.baseline_nights) if result.baseline_nights else "none"
     lines += [f"Baseline: median of {len(result.baseline_nights)} comparable night(s): {base}.", ""]
     if result.findings:
-        lines += [f"**{len(result.findings)} finding(s)**", ""] + findings_table(result.findings) + [""]
+        lines += [f"**{len(result.findings)} finding(s)**", ""] + _findings_table(result.findings) + [""]
     else:
         lines += ["No regression found.", ""]
     for block in (_causes(result), _change_lines(change_points, each=False),
@@ -104,7 +104,7 @@ def regression_report(result: GateResult, night: NightRecord, change_points: Seq
     if result.findings:
         lines += [f"Against the median of {len(result.baseline_nights)} comparable night(s) "
                   f"({', '.join(result.baseline_nights) or 'none'}):", ""]
-        lines += findings_table(result.findings) + [""]
+        lines += _findings_table(result.findings) + [""]
     else:
         lines += ["No finding against the baseline.", ""]
     for block in (_causes(result), _change_lines(change_points),

@@ -75,7 +75,7 @@ def crossover(manifest: RunManifest, report: CapacityReport) -> int | None:
     return None
 
 
-def build_capacity_figure(manifest: RunManifest, report: CapacityReport) -> Figure:
+def _build_capacity_figure(manifest: RunManifest, report: CapacityReport) -> Figure:
     from matplotlib.figure import Figure
     from matplotlib.ticker import FuncFormatter
 
@@ -126,7 +126,7 @@ def build_capacity_figure(manifest: RunManifest, report: CapacityReport) -> Figu
     return fig
 
 
-def build_slo_figure(report: CapacityReport) -> Figure | None:
+def _build_slo_figure(report: CapacityReport) -> Figure | None:
     from matplotlib.figure import Figure
 
     arms = _arms(report)
@@ -157,8 +157,8 @@ def plot_capacity(run_dir: Path, out_dir: Path) -> list[Path]:
     if report is None or not report.results:
         return []
     manifest = read_manifest(run_dir)
-    written = save_figure(build_capacity_figure(manifest, report), out_dir, "capacity")
-    slo = build_slo_figure(report)
+    written = save_figure(_build_capacity_figure(manifest, report), out_dir, "capacity")
+    slo = _build_slo_figure(report)
     if slo is not None:
         written += save_figure(slo, out_dir, "capacity-slo")
     return written

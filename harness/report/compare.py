@@ -145,7 +145,7 @@ def _short(value: str | None) -> str:
     return "-" if value is None else value
 
 
-def reference_from_run(run_dir: Path) -> Reference:
+def _reference_from_run(run_dir: Path) -> Reference:
 
     manifest = read_manifest(run_dir)
     df = load_runs([run_dir])
@@ -170,7 +170,7 @@ def reference_from_run(run_dir: Path) -> Reference:
                      answers=answer_scores(manifest.deployments), answer_limits=nightly.answers if nightly else None)
 
 
-def reference_from_json(path: Path) -> Reference:
+def _reference_from_json(path: Path) -> Reference:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -203,12 +203,12 @@ def reference_from_json(path: Path) -> Reference:
 def load_reference(ref: Path) -> Reference:
     """A reference JSON file, or a run folder read as one."""
     ref = Path(ref)
-    return reference_from_json(ref) if ref.is_file() else reference_from_run(ref)
+    return _reference_from_json(ref) if ref.is_file() else _reference_from_run(ref)
 
 
 def write_reference(run_dir: Path, out: Path) -> Path:
     """Write the run's metrics, hardware and workload identity as a reference JSON."""
-    atomic_write_json(Path(out), reference_from_run(Path(run_dir)).to_json())
+    atomic_write_json(Path(out), _reference_from_run(Path(run_dir)).to_json())
     return Path(out)
 
 
@@ -284,7 +284,7 @@ def _cell(metric: Metric, ref: float | None, run: float | None, regressed: bool)
     return f"**{text}**" if regressed else text
 
 
-def with_tolerance(thresholds: GateThresholds, tolerance: float) -> GateThresholds:  # type: ignore[valid-type]
+def _with_tolerance(thresholds: GateThresholds, tolerance: float) -> GateThresholds:  # type: ignore[valid-type]
     """The same gated metrics, every ratio rule at 1 -/+ `tolerance` (absolute rules unchanged)."""
     if not 0 <= tolerance < 1:
         raise HarnessError(f"--tolerance {tolerance}: must be a fraction in [0, 1), e.g. 0.10")
@@ -302,7 +302,7 @@ def with_tolerance(thresholds: GateThresholds, tolerance: float) -> GateThreshol
 
 def compare_runs(run: Path, reference: Path, tolerance: float | None = None) -> Comparison:
     """Each point of `run` against the same (deployment, concurrency) of `reference`, by the judge."""
-    current = reference_from_run(Path(run))
+    current = _reference_from_run(Path(run))
     ref = load_reference(Path(reference))
     problems = current.experiment.differences(ref.experiment)
     if problems:
@@ -310,7 +310,7 @@ def compare_runs(run: Path, reference: Path, tolerance: float | None = None) -> 
     thresholds = current.thresholds if current.thresholds is not None else GateThresholds()
     rules = "the sweep's nightly thresholds" if current.thresholds is not None else "the default thresholds"
     if tolerance is not None:
-        thresholds, rules = with_tolerance(thresholds, tolerance), f"tolerance {tolerance:.0%}"
+        thresholds, rules = _with_tolerance(thresholds, tolerance), f"tolerance {tolerance:.0%}"
     judged = judge(current.measurement(), [ref.measurement()], thresholds, current.answer_limits)
     comparison = Comparison(current.run_id, ref.run_id, rules, findings=judged.findings,
                             notes=current.experiment.unknown(ref.experiment) + judged.notes,

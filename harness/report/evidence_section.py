@@ -21,7 +21,7 @@ def _launches(manifest: RunManifest) -> dict:
     return launches if isinstance(launches, dict) else {}
 
 
-def reproduces_blog(manifest: RunManifest) -> tuple[bool, str | None]:
+def _reproduces_blog(manifest: RunManifest) -> tuple[bool, str | None]:
     """(a GLM-5 arm on vLLM ran, the first reasoning parser an arm set), from the resolved config."""
     blog, parser = False, None
     for launch in _launches(manifest).values():
@@ -65,7 +65,7 @@ def reused_points(manifest: RunManifest, points: list[PointRecord]) -> dict[int,
 
 
 def client_warnings(manifest: RunManifest) -> list[tuple[str, str]]:
-    blog, parser = reproduces_blog(manifest)
+    blog, parser = _reproduces_blog(manifest)
     version = manifest.provenance.evalscope_version
     if not blog or version is None or version == BLOG_EVALSCOPE:
         return []

@@ -194,7 +194,7 @@ def _latency_table(points: list[PointRecord]) -> list[str]:
                     "(latency - TTFT) / (output tokens - 1); ITL: every gap between streamed chunks, pooled."]
 
 
-def run_slo(manifest: RunManifest) -> SloSettings | None:
+def _run_slo(manifest: RunManifest) -> SloSettings | None:
     """The SLO the run's sweep declared (manifest.json's resolved sweep), or None."""
     raw = manifest.resolved.sweep.get("slo")
     if not isinstance(raw, dict):
@@ -207,7 +207,7 @@ def run_slo(manifest: RunManifest) -> SloSettings | None:
 
 def _slo_section(manifest: RunManifest, points: list[PointRecord]) -> list[str]:
     """The sweep's SLO, and per point: met or missed (which limit, with the value), and its goodput."""
-    slo = run_slo(manifest)
+    slo = _run_slo(manifest)
     if slo is None:
         return []
     limits = "; ".join(f"{c.what} {'>=' if c.at_least else '<='} {c.bound:g} {c.unit} (`{c.limit}`)"

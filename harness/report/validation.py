@@ -59,7 +59,7 @@ def _panel(ax: Axes, rows: Sequence[ValidationRow], measured: str, predicted: st
                       for m, p, r in pairs], fontsize=7.5, lines=[([lo, hi], [lo, hi])])
 
 
-def build_validation_figure(report: ValidationReport) -> Figure:
+def _build_validation_figure(report: ValidationReport) -> Figure:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(11.0, 5.2), layout="constrained")
@@ -76,4 +76,4 @@ def plot_validation(run_dir: Path, out_dir: Path) -> list[Path]:
     report = read_validation(run_dir)
     if report is None:
         return []
-    return save_figure(build_validation_figure(report), out_dir, STEM)
+    return save_figure(_build_validation_figure(report), out_dir, STEM)

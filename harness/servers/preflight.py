@@ -72,7 +72,7 @@ def _int_flag(args: list[str], *names: str) -> int | None:
         return None
 
 
-def executor_of(profile: LaunchProfile) -> tuple[str, int]:
+def _executor_of(profile: LaunchProfile) -> tuple[str, int]:
     """(vLLM's distributed executor, nodes) for a profile: serve.distributed_executor_backend or
     --distributed-executor-backend in extra_args, and --nnodes; vLLM's default is mp on one node."""
     serve, extra = profile.serve, list(profile.extra_args)
@@ -100,7 +100,7 @@ def pinned_memory(profile: LaunchProfile) -> PinnedMemory:
     """Pinned host memory per node: the HiSparse pools (per DP replica or per TP rank) plus the
     offload pool (cpu_bytes, counted once per node)."""
     serve = profile.serve
-    executor, nodes = executor_of(profile)
+    executor, nodes = _executor_of(profile)
     pools = 0
     if profile.kv.hisparse is not None:
         dp = serve.data_parallel_size or 1

@@ -59,7 +59,7 @@ def proc_info(pid: int) -> ProcInfo | None:
                     start_ticks=int(rest[19]))
 
 
-def all_procs() -> list[ProcInfo]:
+def _all_procs() -> list[ProcInfo]:
     infos = []
     for entry in _PROC.iterdir():
         if entry.name.isdigit():
@@ -85,7 +85,7 @@ def process_tree(root_pid: int, session_id: int | None = None,
     session: its children stay in it even after their parent dies and they are reparented, unless
     they call setsid themselves, in which case the parent links still find them while it lives.
     """
-    procs = [p for p in all_procs() if p.state not in ("Z", "X")]
+    procs = [p for p in _all_procs() if p.state not in ("Z", "X")]
     children: dict[int, list[ProcInfo]] = {}
     for p in procs:
         children.setdefault(p.ppid, []).append(p)
@@ -115,7 +115,7 @@ def _signal_tree(tree: dict[int, int], sig: int) -> list[int]:
     return sent
 
 
-def shm_files_of(pids: list[int]) -> set[str]:
+def _shm_files_of(pids: list[int]) -> set[str]:
     """/dev/shm/psm_* files a set of processes holds open or mapped (Python multiprocessing shm)."""
     found: set[str] = set()
     for pid in pids:
@@ -171,7 +171,7 @@ def terminate_tree(root_pid: int, *, session_id: int | None = None, not_before_t
     """
     started = time.monotonic()
     tree = process_tree(root_pid, session_id, not_before_ticks)
-    shm = shm_files_of(list(tree))
+    shm = _shm_files_of(list(tree))
     signalled = _signal_tree({root_pid: tree[root_pid]} if root_pid in tree else {}, signal.SIGTERM)
     left = _wait_tree(tree, root_pid, session_id, not_before_ticks, reap, time.monotonic() + grace_s)
     exited_in_grace = not left
@@ -234,13 +234,13 @@ def _wait_tree(tree: dict[int, int], root_pid: int, session_id: int | None, not_
 
 # ---- readiness ---------------------------------------------------------------------------------
 
-def auth_headers(api_key: str | None) -> dict[str, str]:
+def _auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def _get(url: str, timeout_s: float, api_key: str | None = None) -> tuple[int, bytes]:
     try:
-        with _OPENER.open(urllib.request.Request(url, headers=auth_headers(api_key)), timeout=timeout_s) as resp:
+        with _OPENER.open(urllib.request.Request(url, headers=_auth_headers(api_key)), timeout=timeout_s) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
@@ -254,7 +254,7 @@ def http_healthy(base_url: str, timeout_s: float = 5, api_key: str | None = None
     return status == 200
 
 
-def probe_once(base_url: str, served_model_name: str, probe_request: bool, timeout_s: float,
+def _probe_once(base_url: str, served_model_name: str, probe_request: bool, timeout_s: float,
                api_key: str | None = None) -> str | None:
     """None when ready, else what is not ready yet (for the timeout message). With the server's API
     key every request carries it, as a client's would."""
@@ -273,7 +273,7 @@ def probe_once(base_url: str, served_model_name: str, probe_request: bool, timeo
         payload = json.dumps({"model": served_model_name, "max_tokens": 1, "stream": False,
                               "messages": [{"role": "user", "content": "Hello"}]}).encode()
         req = urllib.request.Request(f"{base_url}/v1/chat/completions", data=payload,
-                                     headers={"Content-Type": "application/json", **auth_headers(api_key)})
+                                     headers={"Content-Type": "application/json", **_auth_headers(api_key)})
         try:
             with _OPENER.open(req, timeout=timeout_s) as resp:
                 status, body = resp.status, resp.read()
@@ -290,7 +290,7 @@ def probe_once(base_url: str, served_model_name: str, probe_request: bool, timeo
 
 # ---- one server process ------------------------------------------------------------------------
 
-def describe_exit(returncode: int) -> str:
+def _describe_exit(returncode: int) -> str:
     if returncode < 0:
         try:
             return f"was killed by {signal.Signals(-returncode).name}"
@@ -383,11 +383,11 @@ class ServerProcess:
         while True:
             code = self.popen.poll()
             if code is not None:
-                raise self.start_error(f"{describe_exit(code)} before it was ready")
+                raise self.start_error(f"{_describe_exit(code)} before it was ready")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self.start_error(f"not ready after {self.spec.ready_timeout_s:g} s ({last})")
-            not_ready = probe_once(self.base_url, self.spec.served_model_name,
+            not_ready = _probe_once(self.base_url, self.spec.served_model_name,
                                    self.spec.ready_probe_request, timeout_s=max(0.5, min(remaining, 60)),
                                    api_key=self.spec.api_key)
             if not_ready is None:

@@ -191,7 +191,7 @@ def _gcs_address(address: str) -> tuple[str, int] | None:
     return host.strip("[]"), int(port)
 
 
-def check_ray_address(address: str, timeout_s: float = 5) -> None:
+def _check_ray_address(address: str, timeout_s: float = 5) -> None:
     """Fail fast where ray.init() would hang for minutes retrying a cluster that is not there."""
     host, port = _gcs_address(address)
     try:
@@ -238,7 +238,7 @@ class RayLauncher(Launcher):
         self.placement_timeout_s = placement_timeout_s
         address = address if address is not None else os.environ.get("RAY_ADDRESS") or None
         if address not in (None, "local"):
-            check_ray_address(address)
+            _check_ray_address(address)
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             try:

@@ -87,7 +87,7 @@ class ReapedServer:
                 f"harness pid {r.harness_pid} is gone): {state}")
 
 
-def pidfile_path(pid_dir: Path, name: str, pid: int) -> Path:
+def _pidfile_path(pid_dir: Path, name: str, pid: int) -> Path:
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     return Path(pid_dir) / f"{safe}-{pid}.json"
 
@@ -100,7 +100,7 @@ def track(server: ServerProcess, pid_dir: Path, owner: Owner | None = None) -> P
                        port=server.port, log_path=str(server.spec.log_path), harness_pid=owner.pid,
                        harness_start_ticks=owner.start_ticks, created_unix_s=time.time(),
                        hostname=socket.gethostname(), boot_id=boot_id())
-    path = pidfile_path(Path(pid_dir).expanduser(), record.name, record.pid)
+    path = _pidfile_path(Path(pid_dir).expanduser(), record.name, record.pid)
     atomic_write_json(path, asdict(record))
     server.pidfile = path
     return path
@@ -115,7 +115,7 @@ def track_client(name: str, pid: int, argv: list[str], pid_dir: Path, owner: Own
                        argv_head=redact_argv(argv)[:_ARGV_HEAD], host="", port=0, log_path="",
                        harness_pid=owner.pid, harness_start_ticks=owner.start_ticks, created_unix_s=time.time(),
                        hostname=socket.gethostname(), boot_id=boot_id(), kind="client")
-    path = pidfile_path(Path(pid_dir).expanduser(), f"client-{name}", pid)
+    path = _pidfile_path(Path(pid_dir).expanduser(), f"client-{name}", pid)
     atomic_write_json(path, asdict(record))
     return path
 
