@@ -35,7 +35,7 @@ from harness.point import does_not_fit_record
 from harness.records import PointRecord, Record
 from harness.results import RunPaths, RunRecorder, new_run_id, read_point, run_dir_for
 from harness.runner import SweepOptions, open_recorder, run_sweep
-from harness.servers.base import read_log_tail
+from harness.servers.base import read_log_head, read_log_tail
 from harness.sim.capacity import kv_capacity, refusal
 from harness.sim.engine import Engine
 from harness.sim.engine_config import engine_config, stable_seed
@@ -180,8 +180,10 @@ class CapacitySearch:
     """A deployment's point source for the runner (harness/runner.py PointSource): each probe decided from
     the last one's record; probes already in the run folder are reused."""
 
-    def __init__(self, plan: Plan, dep: DeploymentPlan, settings: SearchSettings, recorder: RunRecorder):
+    def __init__(self, plan: Plan, dep: DeploymentPlan, settings: SearchSettings, recorder: RunRecorder,
+                 progress: Progress | None = None):
         self.plan, self.dep, self.settings, self.paths = plan, dep, settings, recorder.paths
+        self.progress = progress
         self.bracket = Bracket(settings.start_concurrency, settings.max_concurrency)
         self.probes: dict[int, ProbeRecord] = {}
         self.records: dict[int, PointRecord] = {}
@@ -193,6 +195,9 @@ class CapacitySearch:
         probe = probe_verdict(record, record.concurrency, self.settings.running_fraction)
         self.probes[record.concurrency] = probe
         self.records[record.concurrency] = record
+        if self.progress is not None and record.status != "does_not_fit":
+            self.progress(f"capacity: {self.dep.name} c{record.concurrency}: {'pass' if probe.passed else 'fail'} "
+                          f"({probe.why})")
         if record.status == "does_not_fit":
             self.does_not_fit = record
         elif record.status == "failed":
@@ -256,9 +261,11 @@ def _capacity_record(plan: Plan, dep: DeploymentPlan, search: CapacitySearch, lo
         logged_tokens_per_request=logged.tokens_per_request if logged else None,
         logged_hisparse_concurrency=hisparse.logged_max_concurrency, calculator_estimate=estimate,
         calculator_baseline=baseline)
-    if search.does_not_fit is not None:
+    # a server that refused at start-up never gave the search a record to judge: its log says so
+    if search.does_not_fit is not None or (refused is not None and not search.probes):
         return record.model_copy(update={
-            "status": "does_not_fit", "does_not_fit_reason": refused.reason if refused else search.does_not_fit.reason,
+            "status": "does_not_fit",
+            "does_not_fit_reason": refused.reason if refused else search.does_not_fit.reason,  # type: ignore[union-attr]
             "estimated_max_len": refused.estimated_max_len if refused else None})
     best = max((p for p in search.probes.values() if p.slo_met and p.total_tok_s_per_gpu is not None),
                key=lambda p: p.total_tok_s_per_gpu or 0.0, default=None)
@@ -291,7 +298,9 @@ def _for_search(loaded: LoadedSweep) -> LoadedSweep:
 
 
 def _server_log_lines(paths: RunPaths, deployment: str) -> list[str]:
-    return read_log_tail(paths.server_log(deployment), 400)
+    """The start-up of the deployment's server (its logged bounds) and the end of its log (a refusal)."""
+    path = paths.server_log(deployment)
+    return read_log_head(path) + read_log_tail(path, 400)
 
 
 # ---- a whole capacity run -------------------------------------------------------------------------------
@@ -313,7 +322,7 @@ def run_capacity(loaded: LoadedSweep, options: SweepOptions, progress: Progress 
 
     def source(plan: Plan, dep: DeploymentPlan, recorder: RunRecorder) -> CapacitySearch:
         plans[:] = [plan]
-        searches[dep.name] = CapacitySearch(plan, dep, settings, recorder)
+        searches[dep.name] = CapacitySearch(plan, dep, settings, recorder, progress)
         return searches[dep.name]
 
     outcome = run_sweep(searched, options, progress, sources=source)
@@ -329,7 +338,8 @@ def run_capacity(loaded: LoadedSweep, options: SweepOptions, progress: Progress 
 
 
 def capacity_lines(report: CapacityReport) -> list[str]:
-    """One line per (arm, context): measured capacity, logged bound, calculator estimate."""
+    """One line per (arm, context): measured capacity, logged bound, calculator estimate (and, with an SLO, the
+    probe that met it with the most throughput, whether or not it held every request running)."""
     out = []
     for r in report.results:
         where = f"{r.arm}" + (f" at {r.context_tokens:,} tokens" if r.context_tokens else "")
@@ -339,8 +349,10 @@ def capacity_lines(report: CapacityReport) -> list[str]:
         logged = "-" if r.logged_bound is None else f"{r.logged_bound:.2f}"
         calc = "-" if r.calculator_estimate is None else str(r.calculator_estimate)
         state = {"measured": "", "not_bracketed": " (not bracketed)", "failed": f" (failed: {r.reason})"}[r.status]
+        slo = ("" if r.best_slo_concurrency is None else
+               f"; best under the SLO c{r.best_slo_concurrency} at {r.best_slo_tok_s_per_gpu:,.0f} tok/s/GPU")
         out.append(f"{where}: capacity {r.capacity if r.capacity is not None else '-'}{state}, logged bound "
-                   f"{logged}, calculator {calc}")
+                   f"{logged}, calculator {calc}{slo}")
     return out
 
 
@@ -382,7 +394,7 @@ def simulate_capacity(loaded: LoadedSweep, options: SimulateOptions, progress: P
         refused = refusal(config)  # as vLLM, a refused engine logs no KV cache line
         lines = [] if refused else [kv_capacity(config).line(config.max_model_len), *hisparse_start_lines(config)]
         recorder.update_deployment(dep.name, policy=config.policy)
-        search = CapacitySearch(plan, dep, settings, recorder)
+        search = CapacitySearch(plan, dep, settings, recorder, progress)
         point = search.next(None)
         if refused is not None and point is not None:
             lines.append(f"ValueError: {refused}")
@@ -404,8 +416,6 @@ def simulate_capacity(loaded: LoadedSweep, options: SimulateOptions, progress: P
             else:
                 outcome.failed += 1
                 outcome.failures.append(f"{dep.name} c{point.concurrency}: {record.reason}")
-            probe = probe_verdict(record, point.concurrency, settings.running_fraction)
-            progress(f"capacity: {dep.name} c{point.concurrency}: {'pass' if probe.passed else 'fail'} ({probe.why})")
             point = search.next(record)
         results.append(_capacity_record(plan, dep, search, lines))
     outcome.simulated_s = now

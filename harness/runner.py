@@ -46,11 +46,13 @@ from harness.records import (
 from harness.results import RunRecorder, new_run_id, run_dir_for
 from harness.servers.base import (
     LOCAL_NODE,
+    START_LOG_LINES,
     Launcher,
     PreparedServer,
     ServerHandle,
     ServerSpec,
     ServerStartError,
+    read_log_tail,
     stop_servers_on_signal,
 )
 from harness.servers.preflight import run_preflight
@@ -463,7 +465,9 @@ def _run_deployment(run: _Run, dep: DeploymentPlan, source: PointSource) -> None
             except ServerStartError as exc:
                 if run.stop.is_set():
                     return
-                refused = parse_does_not_fit(exc.log_tail) if not isinstance(exc, NotAsRequested) else None
+                # vLLM's refusal stands above its traceback, further up than the tail a failure records
+                refused = (None if isinstance(exc, NotAsRequested)
+                           else parse_does_not_fit(read_log_tail(exc.log_path, START_LOG_LINES)))
                 if refused is not None:  # a result: the deployment's points say so, the sweep goes on
                     run.progress(f"{dep.name}: does not fit: {refused.summary}")
                     for rest in [point, *source.remaining()]:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.commands import common
-from harness.commands.common import CommandArgs, positional, progress
+from harness.commands.common import CommandArgs, positional, print_run_end, progress
 from harness.config import load_sweep
 from harness.io import display_path
 from harness.session import SessionOptions, run_session
@@ -35,13 +34,8 @@ def run(args: SimulateArgs) -> int:
         raise result.error
     assert result.run_dir is not None
     print(summary_table(result.run_dir))
-    for failure in result.failures:
-        print(f"  failed: {failure}", file=sys.stderr)
     ratio = result.simulated_s / result.wall_s if result.wall_s > 0 else float("inf")
-    print(f"simulate: {result.ok + result.degraded + result.failed} points, {result.simulated_s:.0f} s simulated "
-          f"in {result.wall_s:.1f} s wall ({ratio:.0f}x); run folder {display_path(result.run_dir)} (SIMULATED)")
-    for line in result.outputs.warnings:
-        print(line, file=sys.stderr)
-    for line in result.outputs.lines():
-        print(line)
+    print_run_end(result, f"simulate: {result.ok + result.degraded + result.failed} points, {result.simulated_s:.0f} s "
+                          f"simulated in {result.wall_s:.1f} s wall ({ratio:.0f}x); run folder "
+                          f"{display_path(result.run_dir)} (SIMULATED)")
     return result.exit_code

@@ -169,7 +169,7 @@ class SearchSettings(StrictModel):
                                     "conversation")
     probe_timeout_s: float = Field(default=900, gt=0, description="wall limit of one probe")
     running_fraction: float = Field(default=1.0, gt=0, le=1, description="steady state counts as all running "
-                                    "when the decode batch reaches this fraction of the concurrency")
+                                    "when the running gauge reaches this fraction of the concurrency")
 
 
 class CorrectnessSettings(StrictModel):

@@ -114,7 +114,7 @@ def _build_capacity_figure(manifest: RunManifest, report: CapacityReport) -> Fig
     ax.set_yscale("log")
     ax.set_ylim(bottom=0.5)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:,.0f}k" if v < 1e6 else f"{v / 1e6:g}M"))
+    _context_axis(ax)
     ax.set_xlabel("Context: max_model_len per request (tokens, log scale)")
     ax.set_ylabel("Requests running at once (log scale)")
     ax.set_title("Capacity against context length: measured, logged, calculated")
@@ -126,6 +126,13 @@ def _build_capacity_figure(manifest: RunManifest, report: CapacityReport) -> Fig
     return fig
 
 
+def _context_axis(ax) -> None:
+    """Context lengths as 8k, 128k, 1M on a log axis (both figures alike)."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1000:,.0f}k" if v < 1e6 else f"{v / 1e6:g}M"))
+
+
 def _build_slo_figure(report: CapacityReport) -> Figure | None:
     from matplotlib.figure import Figure
 
@@ -135,11 +142,23 @@ def _build_slo_figure(report: CapacityReport) -> Figure | None:
     fig = Figure(figsize=(9.5, 5.5))
     ax = fig.add_subplot(1, 1, 1)
     for i, (arm, records) in enumerate(arms.items()):
-        pts = [(r.max_model_len or r.context_tokens, r.best_slo_tok_s_per_gpu) for r in records
-               if r.best_slo_tok_s_per_gpu is not None]
-        if pts:
-            ax.plot(*zip(*pts, strict=True), "o-", color=COLOURS[i % len(COLOURS)], label=arm)
+        colour = COLOURS[i % len(COLOURS)]
+        best = [r for r in records if r.best_slo_tok_s_per_gpu is not None]
+        if best:
+            xs = [r.max_model_len or r.context_tokens for r in best]
+            ys = [r.best_slo_tok_s_per_gpu for r in best]
+            ax.plot(xs, ys, "o-", color=colour, label=f"{arm} (label: the concurrency)")
+            for x, y, r in zip(xs, ys, best, strict=True):
+                ax.annotate(f"c{r.best_slo_concurrency}", (x, y), textcoords="offset points",
+                            xytext=(0, 6 if i % 2 == 0 else -13),  # arms alternate above and below
+                            ha="center", fontsize=7, color=colour)
+        refused = [r.max_model_len or r.context_tokens for r in records if r.status == "does_not_fit"]
+        if refused:
+            ax.plot(refused, [0] * len(refused), "x", color=colour, markersize=10, mew=2.5, clip_on=False,
+                    label=f"{arm}: does not fit")
     ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    _context_axis(ax)
     ax.set_xlabel("Context: max_model_len per request (tokens, log scale)")
     ax.set_ylabel("Best total tok/s per GPU meeting the SLO")
     ax.set_title("Throughput under the SLO against context length")

@@ -17,6 +17,9 @@ from harness.records import FailureKind, GpuTelemetry
 from harness.telemetry import GpuSampler
 
 LOG_TAIL_LINES = 50
+# a server's start-up, in lines of its log: vLLM on CPU logs about 60 before it is ready, a TP8 GPU server a few
+# hundred; a start that failed logs its traceback within as many again
+START_LOG_LINES = 2000
 DEFAULT_PID_DIR = Path("~/.cache/hisparse-harness/pids")
 # A server's argv may name its port and host before a launcher picks them on the server's node.
 PORT_PLACEHOLDER = "{port}"
@@ -183,6 +186,21 @@ def read_log_tail(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
         return []
     lines = data.decode("utf-8", errors="replace").splitlines()
     return list(deque(lines, maxlen=n))
+
+
+def read_log_head(path: Path, n: int = START_LOG_LINES) -> list[str]:
+    """The first n lines of a log file: a server's start-up (its KV size and logged bounds are there, however
+    long it ran afterwards)."""
+    lines: list[str] = []
+    try:
+        with Path(path).open("rb") as fh:
+            for raw in fh:
+                lines.append(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+                if len(lines) >= n:
+                    break
+    except FileNotFoundError:
+        return []
+    return lines
 
 
 class ServerHandle(ABC):
