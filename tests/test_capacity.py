@@ -109,7 +109,7 @@ def test_the_simulated_blog_deployment_holds_its_logged_bound_at_every_context(t
     """Both blog arms at three contexts in virtual time: the measured capacity is within one request of the
     engine's logged bound everywhere, the baseline does not fit at 1M with vLLM's reason and HiSparse does,
     and the calculator's crossover lies between the two shortest contexts, where the measurements cross."""
-    sweep = yaml.safe_load((ROOT / "sweeps" / "sim-capacity.yaml").read_text())
+    sweep = yaml.safe_load((ROOT / "sweeps" / "tp8-capacity.yaml").read_text())
     sweep.update(dataset=str(ROOT / "datasets" / "openhands-glm53.yaml"), contexts=["8k", "64k", 998944])
     sweep["search"]["max_concurrency"] = 64
     for dep in sweep["deployments"]:
