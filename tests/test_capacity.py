@@ -4,6 +4,7 @@ blog deployment's capacity against its own logged bounds and the calculator."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -140,3 +141,23 @@ def test_the_simulated_blog_deployment_holds_its_logged_bound_at_every_context(t
     assert by[(offload, 8000)].max_model_len < crossover < by[(hisparse, 64000)].max_model_len
     assert (tmp_path / "plots" / "cap" / "capacity.png").is_file()
     assert "does not fit" in done.stdout and f"{hisparse} at 998,944 tokens: capacity" in done.stdout
+
+
+def test_the_1m_probe_plans_both_arms_at_the_1m_limit_and_the_calculator_agrees_on_which_fits():
+    """`plan sweeps/tp8-1m.yaml`: both blog arms' commands at --max-model-len 1000000, the dataset it needs,
+    the offload arm expected to be refused; `calc` for the same deployments at the same length agrees."""
+    done = _harness("plan", "sweeps/tp8-1m.yaml", cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    servers = [line for line in out.splitlines() if line.strip().startswith("server:")]
+    assert len(servers) == 2 and all("--max-model-len 1000000" in s for s in servers)
+    assert "Dataset: datasets/openhands-glm53-1m.yaml" in out and "conversations needed" in out
+    assert "Deployment tp8-hisparse384-native128-ctx999748" in out and "Deployment tp8-offload512-ctx999748" in out
+    assert "tp8-offload512-ctx999748: baseline (no HiSparse) holds no request of 1,000,000 tokens" in out
+    fits = {}
+    for arm in ("hisparse", "offload"):
+        calc = _harness("calc", "--from-launch", f"launch/glm53-{arm}.yaml", "--seq-len", "1000000", "--json",
+                        cwd=ROOT)
+        assert calc.returncode == 0, calc.stderr
+        fits[arm] = json.loads(calc.stdout)["predicted_total"]
+    assert fits["hisparse"] >= 1 and fits["offload"] == 0

@@ -138,7 +138,7 @@ def test_text_plan_is_readable():
     assert out.count("-m evalscope.cli.cli perf") == 10
     assert out.count("  client: EvalScope 1.7.0 (pinned 1.7.0") == 2
     assert out.count("  pinned host memory: 512 GiB pinned per node (executor mp") == 2
-    assert "c32 (number 64, offset 152)" in out
+    assert "c32 (64 conversations, offset 152)" in out
 
 
 def test_small_dataset_warns_about_reuse(tmp_path):

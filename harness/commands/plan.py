@@ -103,7 +103,7 @@ def _plan_as_text(plan: Plan) -> str:
                          f"{dep.sizing.baseline_concurrency}; calculator, {dep.sizing.layout} layout)")
         for p in dep.points:
             argv = redact_argv(planned_client_argv(dep, p))
-            lines.append(f"  c{p.concurrency} (number {p.conversations}, offset {p.dataset_offset}): {shlex.join(argv)}")
+            lines.append(f"  c{p.concurrency} ({p.conversations} conversations, offset {p.dataset_offset}): {shlex.join(argv)}")
         lines.append("")
     if plan.warnings:
         lines.append("Warnings:")
