@@ -32,10 +32,10 @@ def write_sweep(tmp_path: Path, arms: dict[str, str], points: list[tuple[int, in
     The correctness probe is off unless asked for: its requests would shift the request-counting faults."""
     (tmp_path / "recipe.yaml").write_text(RECIPE)
     deployments = []
-    for name, extra in arms.items():
-        (tmp_path / f"{name}.yaml").write_text(f"extends: {ROOT}/launch/sim-hisparse.yaml\n{extra}")
+    for name, arm_text in arms.items():
+        (tmp_path / f"{name}.yaml").write_text(f"extends: {ROOT}/launch/sim-hisparse.yaml\n{arm_text}")
         deployments.append(f"  - {{name: {name}, launch: {name}.yaml}}")
-    point_lines = "\n".join(f"    - {{parallel: {p}, number: {n}}}" for p, n in points)
+    point_lines = "\n".join(f"    - {{concurrency: {c}, conversations: {n}}}" for c, n in points)
     (tmp_path / "sweep.yaml").write_text(f"""
 name: tiny
 dataset: recipe.yaml

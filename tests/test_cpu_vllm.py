@@ -16,6 +16,7 @@ from cpu_vllm_run import vllm_processes
 
 from harness.builds.kernels import DISPATCH_LINE, module_version, source_hash
 from harness.records import PointRecord
+from harness.results import RunPaths
 
 pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm]
 
@@ -40,7 +41,7 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
     records = {}
-    for path in run_dir.glob("points/*/p*/point.json"):
+    for path in run_dir.glob("points/*/c[0-9]*/point.json"):  # c<N>, as this release writes
         record = PointRecord.model_validate_json(path.read_bytes())
         records[(record.deployment, record.concurrency)] = record
     assert sorted(records) == [(d, c) for d in ("cpu-baseline", "cpu-pressured") for c in CONCURRENCIES]
@@ -57,7 +58,7 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
         assert record.requests.succeeded == record.summary.success_requests, key
         assert record.requests.tpot_ms == pytest.approx(m.mean_tpot_ms, abs=0.006), key
         assert m.scrapes_ok > 0
-        names = family_names(run_dir / f"points/{record.deployment}/p{record.concurrency}/scrapes.jsonl")
+        names = family_names(RunPaths(run_dir).scrapes_jsonl(record.deployment, record.concurrency))
         for family in REQUIRED_FAMILIES:
             assert any(n == family or n.startswith(family + "_") for n in names), (key, family)
 
