@@ -4,7 +4,8 @@ running, measured, beside what the engine logs and what the calculator predicts.
 A search is a ramp (start, 2x, 4x, ... up to `search.max_concurrency`) and then a bisection between the
 last concurrency that passed and the first that failed, each step a short probe: `c` conversations at
 concurrency `c`, fresh ones each probe. A probe passes when the point ran, nothing was preempted and the
-running gauge reached `running_fraction x c` (every request admitted at once: none waiting for KV). Probes
+running gauge reached `running_fraction x c` (every request admitted at once: none waiting for KV), or, where
+no scrape caught them together, the engine's requests per step (from its counters) rounds to it. Probes
 already in the run folder are reused, not run again (a resumed search goes on where it stopped). A server
 that refuses the context's max_model_len records the arm as `does not fit`, with vLLM's reason and its
 estimate of the longest length that would fit; the search moves on. With an `slo:`, the probe that met it
@@ -134,11 +135,22 @@ def probe_verdict(record: PointRecord, concurrency: int, running_fraction: float
     if m is not None and m.preemptions:
         return base.model_copy(update={"why": f"{m.preemptions:.0f} preemption(s)"})
     need = math.ceil(running_fraction * concurrency)
-    if m is None or m.max_running is None:
-        return base.model_copy(update={"why": "the running gauge was never read"})
-    if m.max_running < need:
-        return base.model_copy(update={"why": f"at most {m.max_running:.0f} of {concurrency} running together"})
-    return base.model_copy(update={"passed": True, "why": f"{m.max_running:.0f} running, no preemption"})
+    if m is None or (m.max_running is None and m.decode_batch_mean is None):
+        return base.model_copy(update={"why": "neither the running gauge nor the engine's step counters were read"})
+    if m.max_running is not None and m.max_running >= need:
+        return base.model_copy(update={"passed": True, "why": f"{m.max_running:.0f} running, no preemption"})
+    # The gauge is sampled; on a busy frontend every scrape can land between bursts and miss requests that ran
+    # together. The engine's requests per step come from counters (docs/metrics.md, "Occupancy two ways"):
+    # requests decoding side by side for the whole probe give c per step, one after another give 1.
+    if m.decode_batch_mean is not None and round(m.decode_batch_mean) >= need:
+        return base.model_copy(update={"passed": True, "why": f"{m.decode_batch_mean:.2f} requests per engine step "
+                                       f"(the gauge saw {_count(m.max_running)}), no preemption"})
+    return base.model_copy(update={"why": f"at most {_count(m.max_running)} of {concurrency} running together "
+                                   f"({_count(m.decode_batch_mean, 2)} requests per engine step)"})
+
+
+def _count(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 @dataclass

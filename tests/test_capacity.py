@@ -57,7 +57,13 @@ def _record(status: str = "ok", **metrics) -> PointRecord:
 
 def test_a_probe_passes_only_when_every_request_ran_at_once_without_preemption():
     assert probe_verdict(_record(max_running=8, preemptions=0), 8, 1.0).passed
-    assert probe_verdict(_record(max_running=7, preemptions=0), 8, 1.0).why == "at most 7 of 8 running together"
+    assert probe_verdict(_record(max_running=7, preemptions=0), 8, 1.0).why == \
+        "at most 7 of 8 running together (- requests per engine step)"
+    # no scrape caught them together, the engine's counters did: 1.97 requests per step over the probe
+    caught = probe_verdict(_record(max_running=1, preemptions=0, decode_batch_mean=1.97), 2, 1.0)
+    assert caught.passed and caught.why.startswith("1.97 requests per engine step (the gauge saw 1)")
+    one_by_one = probe_verdict(_record(max_running=1, preemptions=0, decode_batch_mean=1.2), 2, 1.0)
+    assert not one_by_one.passed and one_by_one.why == "at most 1 of 2 running together (1.20 requests per engine step)"
     assert probe_verdict(_record(max_running=7, preemptions=0), 8, 0.85).passed
     assert probe_verdict(_record(max_running=8, preemptions=2), 8, 1.0).why == "2 preemption(s)"
     assert probe_verdict(_record("does_not_fit"), 8, 1.0).why == "does not fit"
