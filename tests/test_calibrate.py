@@ -5,6 +5,7 @@ offload, pending HiSparse page transfers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -13,11 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.calibrate.observed import ClientRecords, ObservedPoint
 from harness.calibrate.predict import predict
-from harness.calibrate.table import load_table, setup_of
+from harness.calibrate.table import load_table, setup_of, table_targets
 from harness.calibrate.validate import VALIDATION_JSON, ValidationReport
 from harness.config import LaunchProfile, load_launch
 from harness.errors import HarnessError
+from harness.records import PointMetrics, PointRecord
 from harness.sim.engine import Engine, SimRequest
 from harness.sim.engine_config import engine_config
 from harness.sim.exposition import MetricsText
@@ -68,6 +71,41 @@ def test_a_fit_recovers_the_coefficients_that_made_the_measurements(tmp_path):
                                                                   for q in ("tpot_ms", "total_tok_s")}
     assert all(abs(f.rel_error) < 0.02 for f in calibration.fit), calibration.fit
     assert "sources" in out.read_text() and "calibration" in out.read_text()
+
+
+def test_the_blog_scale_profile_still_predicts_the_public_measurements_as_it_records():
+    """harness/data/sim/h200-public.yaml (what sweeps/tp8.yaml simulates on) against the public measurements it was
+    fitted to: the simulator today predicts every one of them as the profile's `calibration.fit` records, so a
+    change to the engine that moves the blog-scale residuals shows here (docs/calibration.md)."""
+    profile = load_hardware_profile("h200-public")
+    assert profile.calibration is not None
+    stored = {(r.point, r.quantity): r for r in profile.calibration.fit}
+    table = load_table(ROOT / "harness/data/measurements/h200-public.yaml")
+    predictions = {}
+    for target in table_targets(table):
+        if target.setup.name not in predictions:
+            predictions[target.setup.name] = predict(target.setup, profile)
+        now = predictions[target.setup.name].value(target.quantity)
+        row = stored[(target.setup.name, target.quantity)]
+        assert now == pytest.approx(row.predicted, rel=0.01), (target.setup.name, target.quantity, now, row)
+        # unchanged or better against the measurement
+        assert abs(now - target.measured) / target.measured <= abs(row.rel_error) + 0.005, (target.setup.name, now)
+
+
+def test_a_point_whose_server_histograms_hold_the_probes_requests_takes_the_clients_tpot():
+    """The correctness probe asks its prompts during a deployment's highest point: the server's TPOT histogram
+    over that window holds them too (short, queued, preempted), the client's per-request TPOT only the point's
+    own. On a quiet engine the client saw every reply stream (no burst) and is the point's TPOT; where a reply
+    came in one burst the server's stays (docs/tpot.md)."""
+    record = PointRecord(deployment="arm", concurrency=8, conversations=16, dataset_offset=0, status="ok",
+                         gpus_per_server=1, metrics=PointMetrics(server_tpot_ms=6.9))
+    client = ClientRecords(requests=48, mean_prompt_tokens=1000.0, completion_tokens=(512,) * 48, bursts=0,
+                           mean_client_tpot_ms=4.9)
+    assert ObservedPoint("arm:c8", record, 20.0, client).tpot_ms == 6.9  # no probe in the window
+    probed = ObservedPoint("arm:c8", record, 20.0, client, other_requests=8)
+    assert probed.tpot_from_client and probed.tpot_ms == 4.9
+    bursty = ObservedPoint("arm:c8", record, 20.0, dataclasses.replace(client, bursts=3), other_requests=8)
+    assert not bursty.tpot_from_client and bursty.tpot_ms == 6.9
 
 
 def test_a_calibrated_profile_is_a_hardware_profile_a_launch_file_names_by_path(tmp_path):

@@ -42,9 +42,24 @@ class ObservedPoint:
     record: PointRecord
     prefill_ms: float | None   # the server's prefill-time histogram mean over the point's window
     client: ClientRecords | None
+    # requests in the server's histograms over the window that were not the point's: the correctness probe
+    # asks its prompts during a deployment's highest point (docs/correctness.md)
+    other_requests: int = 0
+
+    @property
+    def tpot_from_client(self) -> bool:
+        """The point's TPOT is the client's: the server's histogram also holds the probe's requests (short,
+        queued, on a pressured arm preempted: they raised the server's mean by 4-40% at c8), and the client
+        saw every reply stream (no reply in one burst), where its per-request TPOT is the engine's own
+        within 1.5% (docs/tpot.md, "With a quiet engine")."""
+        return bool(self.other_requests) and self.client is not None and self.client.bursts == 0 \
+            and self.client.mean_client_tpot_ms is not None
 
     @property
     def tpot_ms(self) -> float | None:
+        if self.tpot_from_client:
+            assert self.client is not None
+            return self.client.mean_client_tpot_ms
         return self.record.metrics.server_tpot_ms if self.record.metrics else None
 
     @property
@@ -118,7 +133,16 @@ def read_client_records(db: Path) -> ClientRecords | None:
         mean_client_tpot_ms=sum(tpots) / len(tpots) if tpots else None)
 
 
-def _observe(paths: RunPaths, record: PointRecord) -> ObservedPoint:
+def _probe_requests(manifest: RunManifest, record: PointRecord) -> int:
+    """The correctness probe's requests sent during this point (its pressured half), 0 if none."""
+    deployment = manifest.deployments.get(record.deployment)
+    probe = getattr(deployment, "correctness", None) if deployment is not None else None
+    if probe is None or probe.pressured_concurrency != record.concurrency:
+        return 0
+    return len(probe.pressured)
+
+
+def _observe(paths: RunPaths, record: PointRecord, manifest: RunManifest) -> ObservedPoint:
     window = None
     if record.started_unix_s is not None and record.ended_unix_s is not None:
         window = (record.started_unix_s, record.ended_unix_s)
@@ -131,7 +155,8 @@ def _observe(paths: RunPaths, record: PointRecord) -> ObservedPoint:
             dbs = sorted(paths.point_dir(record.deployment, record.concurrency).rglob("benchmark_data.db"))
         client = read_client_records(dbs[-1]) if dbs else None
     return ObservedPoint(name=point_name(record.deployment, record.concurrency), record=record,
-                         prefill_ms=None if prefill_s is None else 1000.0 * prefill_s, client=client)
+                         prefill_ms=None if prefill_s is None else 1000.0 * prefill_s, client=client,
+                         other_requests=_probe_requests(manifest, record))
 
 
 def read_run(run_dir: Path) -> ObservedRun:
@@ -143,7 +168,8 @@ def read_run(run_dir: Path) -> ObservedRun:
         raise HarnessError(f"{run_dir}: a simulated run (harness simulate); calibrate needs a run measured on a "
                            "real engine")
     paths = RunPaths(run_dir)
-    observed = {point_name(p.deployment, p.concurrency): _observe(paths, p) for p in points if p.status == "ok"}
+    observed = {point_name(p.deployment, p.concurrency): _observe(paths, p, manifest) for p in points
+                if p.status == "ok"}
     if not observed:
         raise HarnessError(f"{run_dir}: no ok point to calibrate from")
     return ObservedRun(run_dir=run_dir, manifest=manifest, loaded=_loaded_sweep(run_dir, manifest), points=observed)
