@@ -8,6 +8,7 @@ real /metrics. Select alone with `python -m pytest -m cpu_vllm`.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -85,8 +86,9 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
     assert "--num-gpu-blocks-override 96" in (run_dir / "deployments/cpu-pressured/command.txt").read_text()
 
     # cpu-pressured runs with the bundled HiSparse kernels (launch/tiny-cpu-pressured-bundled.yaml): the
-    # build made on the server's node recorded the module, and every vLLM process that loaded its
-    # plugin (the engine core and its worker) logged the identity and dispatched to the bundled code
+    # build made on the server's node recorded the module, and the vLLM process that runs the model (the
+    # engine core: launch/tiny-cpu.yaml runs the worker inside it) logged the identity and dispatched to the
+    # bundled code
     sha = source_hash()
     assert manifest["deployments"]["cpu-baseline"]["build"]["kernel"] is None
     kernel = manifest["deployments"]["cpu-pressured"]["build"]["kernel"]
@@ -97,7 +99,8 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
                 if f"hisparse_kernels {module_version()} (sha256 {sha[:12]}) registered:" in line]
     checks = {m.group(1) for m in map(DISPATCH_LINE.search, log.splitlines()) if m and m.group(2) == m.group(3)}
     assert any(line.endswith("_C_cache_ops (defined, CPU)") for line in identity), log[-3000:]
-    assert len(checks) >= 2 and "FAILED" not in log, "the engine core and its worker each check dispatch"
+    engine_cores = set(re.findall(r"\(EngineCore pid=(\d+)\)", log))
+    assert engine_cores and engine_cores <= checks and "FAILED" not in log, (engine_cores, checks)
     assert "hisparse_kernels" not in (run_dir / "deployments/cpu-baseline/server.log").read_text(errors="replace")
 
     # every server stop is in the run folder with its duration and grace; none needed a kill
