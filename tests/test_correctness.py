@@ -120,7 +120,7 @@ def test_serve_sim_answers_the_shipped_prompts_and_its_fault_answers_wrong_under
         # one long request keeps the engine running while the prompts are asked again
         def load():
             requests.post(server.url + "/v1/chat/completions", timeout=120,
-                          json=chat_body("x " * 200, 6000, ignore_eos=True))
+                          json=chat_body("x " * 200, 2000, ignore_eos=True))  # ~10 s of decode
         busy = threading.Thread(target=load)
         busy.start()
         try:

@@ -89,6 +89,7 @@ def harness(*args: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedP
                           cwd=cwd, timeout=300)
 
 
+@pytest.mark.slow  # builds a dataset through each hub's own client (11-13 s each)
 @pytest.mark.parametrize("hub", HUBS)
 def test_recipe_builds_offline_from_a_hub_cache_and_an_empty_one_fails_in_one_line(hub, repos, tmp_path):
     populate(hub, tmp_path / "caches" / hub, repos)

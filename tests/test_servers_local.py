@@ -36,12 +36,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def fake_spec(tmp_path: Path, *extra: str, name: str = "fake", timeout_s: float = 20,
-              probe: bool = True) -> ServerSpec:
+              probe: bool = True, stop_grace_s: float = 15) -> ServerSpec:
     return ServerSpec(name=name, argv=[sys.executable, str(FAKE), "--host", "{host}", "--port", "{port}",
                                        "--model", "served", *extra],
                       env={"FAKE_MARK": "1"}, host="127.0.0.1", port=0, log_path=tmp_path / "server.log",
                       ready_timeout_s=timeout_s, gpus=0, served_model_name="served",
-                      ready_probe_request=probe, pid_dir=tmp_path / "pids")
+                      ready_probe_request=probe, pid_dir=tmp_path / "pids", stop_grace_s=stop_grace_s)
 
 
 
@@ -150,8 +150,8 @@ def test_stop_kills_children_that_ignore_sigterm_and_removes_their_shm(tmp_path)
 
 def test_stop_finds_children_that_left_the_session(tmp_path):
     pid_file = tmp_path / "pids.json"
-    spec = fake_spec(tmp_path, "--spawn-children", "1", "--child-setsid", "--pid-file", str(pid_file))
-    with LocalLauncher(stop_grace_s=1) as launcher:
+    spec = fake_spec(tmp_path, "--spawn-children", "1", "--child-setsid", "--pid-file", str(pid_file), stop_grace_s=1)
+    with LocalLauncher() as launcher:
         handle = launcher.start(spec)
         pids = wait_for_file(pid_file)
         child = pids["children"][0]
@@ -275,13 +275,14 @@ def test_log_tail_reads_the_end(tmp_path):
 
 
 def test_interrupt_during_a_threaded_start_leaves_no_server(tmp_path):
-    launcher = LocalLauncher(stop_grace_s=2)
+    launcher = LocalLauncher()
     pid_file = tmp_path / "pids.json"
     errors: list[ServerStartError] = []
 
     def start() -> None:
         try:
-            launcher.start(fake_spec(tmp_path, "--never-ready", "--pid-file", str(pid_file), timeout_s=120))
+            launcher.start(fake_spec(tmp_path, "--never-ready", "--pid-file", str(pid_file), timeout_s=120,
+                                     stop_grace_s=2))
         except ServerStartError as exc:
             errors.append(exc)
 
@@ -321,6 +322,7 @@ def test_a_server_runs_at_normal_priority_whatever_its_starter_runs_at():
         assert raised.stdout.strip() == "15" and "cannot set niceness 0 (kept 15)" in raised.stderr
 
 
+@pytest.mark.slow  # waits the 20 s it is about
 def test_a_server_slower_to_exit_than_the_old_15_s_is_given_its_grace_not_killed(tmp_path):
     """A server that takes 20 s after SIGTERM (as one unpinning its host pools would) with a 30 s grace is
     waited for: nothing is signalled beyond it and nothing is killed; the stop says how long it took."""

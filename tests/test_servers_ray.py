@@ -34,7 +34,8 @@ def fake_spec(tmp_path: Path, *extra: str, name: str = "fake", gpus: int = 1, ti
     return ServerSpec(name=name, argv=[sys.executable, str(FAKE), "--host", "{host}", "--port", "{port}",
                                        "--model", "served", *extra],
                       env={}, host="127.0.0.1", port=0, log_path=tmp_path / f"{name}.log",
-                      ready_timeout_s=timeout_s, gpus=gpus, served_model_name="served", pid_dir=tmp_path / "pids")
+                      ready_timeout_s=timeout_s, gpus=gpus, served_model_name="served", pid_dir=tmp_path / "pids",
+                      stop_grace_s=2)
 
 
 
@@ -62,9 +63,8 @@ tmp, fake = Path(sys.argv[1]), sys.argv[2]
 spec = ServerSpec(name="slow", argv=[sys.executable, fake, "--port", "{port}", "--never-ready", "--spawn-children",
                                      "1", "--pid-file", str(tmp / "pids.json")],
                   env={}, host="127.0.0.1", port=0, log_path=tmp / "slow.log", ready_timeout_s=600, gpus=1,
-                  served_model_name="m", pid_dir=tmp / "pids")
-launcher = RayLauncher(num_gpus=1, num_cpus=2, object_store_memory_bytes=80 * 1024**2, temp_dir=Path(sys.argv[3]),
-                       stop_grace_s=2)
+                  served_model_name="m", pid_dir=tmp / "pids", stop_grace_s=2)
+launcher = RayLauncher(num_gpus=1, num_cpus=2, object_store_memory_bytes=80 * 1024**2, temp_dir=Path(sys.argv[3]))
 with launcher, stop_servers_on_signal(launcher):
     launcher.start(spec)
 """
@@ -105,7 +105,7 @@ def launcher():
         ray.shutdown()
     temp_dir = Path(tempfile.mkdtemp(prefix="hsr", dir="/tmp"))  # short: Ray's socket paths are limited
     ray_launcher = RayLauncher(num_gpus=2, num_cpus=4, object_store_memory_bytes=80 * 1024**2,
-                               temp_dir=temp_dir, placement_timeout_s=3, stop_grace_s=2)
+                               temp_dir=temp_dir, placement_timeout_s=3)
     try:
         yield ray_launcher
     finally:

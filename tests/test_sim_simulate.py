@@ -57,7 +57,7 @@ def test_simulate_writes_a_simulated_run_folder(tmp_path):
     assert (run / "summary.csv").read_text().count("\n") == 5
     # deterministic: the same sweep gives the same points
     again = subprocess.run([sys.executable, "-m", "harness", "simulate", str(sweep), "--results-dir",
-                            str(tmp_path / "results"), "--run-id", "v2"], cwd=REPO, capture_output=True,
+                            str(tmp_path / "results"), "--run-id", "v2", "--no-report"], cwd=REPO, capture_output=True,
                            text=True, timeout=300)
     assert again.returncode == 0
     first = [(p.summary, p.metrics.occupancy_mean_running) for p in points]

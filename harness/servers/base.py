@@ -264,8 +264,7 @@ class Launcher(ABC):
 
     _accepting: bool = True
 
-    def __init__(self, stop_grace_s: float = 15, reaper: Callable[[Path], list] | None = None):
-        self.stop_grace_s = stop_grace_s
+    def __init__(self, reaper: Callable[[Path], list] | None = None):
         self.reaped: list = []  # ReapedServer records of servers killed harnesses left behind
         self._reaper = reaper  # reaper.reap_stale_servers, given by launchers that track pidfiles
         self._handles: list[ServerHandle] = []

@@ -54,8 +54,8 @@ class LocalServerHandle(ServerHandle):
 class LocalLauncher(Launcher):
     """One server at a time on this machine (nodes_for is 1): GPUs are not partitioned here."""
 
-    def __init__(self, stop_grace_s: float = 15):
-        super().__init__(stop_grace_s, reaper=reap_stale_servers)
+    def __init__(self) -> None:
+        super().__init__(reaper=reap_stale_servers)
 
     def start(self, spec: ServerSpec) -> LocalServerHandle:
         if not self.accepting:

@@ -233,8 +233,8 @@ class RayLauncher(Launcher):
 
     def __init__(self, address: str | None = None, *, num_gpus: int | None = None,
                  num_cpus: int | None = None, object_store_memory_bytes: int = 256 * 1024**2,
-                 temp_dir: Path | None = None, placement_timeout_s: float = 120, stop_grace_s: float = 15):
-        super().__init__(stop_grace_s, reaper=reap_stale_servers)
+                 temp_dir: Path | None = None, placement_timeout_s: float = 120):
+        super().__init__(reaper=reap_stale_servers)
         self.placement_timeout_s = placement_timeout_s
         address = address if address is not None else os.environ.get("RAY_ADDRESS") or None
         if address not in (None, "local"):
