@@ -65,6 +65,7 @@ def test_seq_range_json_parses(tmp_path):
     assert (tmp_path / "c.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # several calc runs through the CLI, with figures (7 s)
 def test_from_launch(tmp_path):
     profile = {
         "build": "neuralmagic/vllm@e8ef1e07bd", "gpu": "H200",

@@ -135,6 +135,7 @@ def test_calibrate_refuses_a_simulated_run(tmp_path):
     assert not (tmp_path / "x.yaml").exists()
 
 
+@pytest.mark.slow  # simulates a sweep and draws its report (8 s)
 def test_validation_figure_sits_beside_the_pareto_in_the_report(tmp_path):
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump({

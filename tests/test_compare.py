@@ -75,6 +75,7 @@ def test_a_different_workload_or_engine_is_refused(results):
         compare_runs(results / "sim", results / "ref")
 
 
+@pytest.mark.slow  # three compares through the CLI (7 s)
 def test_reference_json_round_trip(results, tmp_path):
     ref_json = tmp_path / "ref.json"
     done = _compare("ref", "--write-reference", str(ref_json), cwd=results.parent)

@@ -46,6 +46,7 @@ def test_an_old_run_folder_reads_under_the_new_names(legacy_run):
     assert frame["interactivity_tok_s_user"].notna().all()
 
 
+@pytest.mark.slow  # reports, draws and compares through the CLI (8 s)
 def test_an_old_run_folder_is_reported_and_compared(legacy_run, tmp_path):
     report = _harness("report", "legacy-run", "--results-dir", str(legacy_run.parent), "--out",
                       str(tmp_path / "figs"), cwd=tmp_path)

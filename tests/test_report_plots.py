@@ -139,6 +139,7 @@ def test_timeline_joins_points_and_survives_a_restart_and_a_failed_scrape(tmp_pa
     assert not offload.counter_resets_t_s
 
 
+@pytest.mark.slow  # draws every figure through the CLI (8 s)
 def test_plot_command_defaults_to_plots_run_id(tmp_path):
     make_run(tmp_path / "results", "run-x", simulated=True)
     done = _harness("plot", "run-x", cwd=tmp_path)

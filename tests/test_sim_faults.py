@@ -39,6 +39,7 @@ def test_never_ready(tmp_path):
         assert server.proc.poll() is None
 
 
+@pytest.mark.slow  # two served runs of the faulty simulated engine (6 s)
 def test_error_fraction_is_seeded(tmp_path):
     def statuses(name):
         with sim_server(tmp_path, profile(sim={"faults": {"error_fraction": 0.5}, "seed": 7}), name) as server:
