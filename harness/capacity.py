@@ -35,14 +35,14 @@ from harness.plan import DeploymentPlan, Plan, PointPlan, conversation_tokens, m
 from harness.point import does_not_fit_record
 from harness.records import PointRecord, Record
 from harness.results import RunPaths, RunRecorder, new_run_id, read_point, run_dir_for
-from harness.runner import SweepOptions, open_recorder, run_sweep
+from harness.runner import SweepOptions, SweepOutcome, open_recorder, run_sweep
 from harness.servers.base import read_log_head, read_log_tail
 from harness.sim.capacity import kv_capacity, refusal
 from harness.sim.engine import Engine
 from harness.sim.engine_config import engine_config, stable_seed
 from harness.sim.server import hisparse_start_lines
 from harness.sim.virtual import shapes_from_recipe
-from harness.simulate import SIMULATED_NOTE, SimulateOptions, simulate_point
+from harness.simulate import SIMULATED_NOTE, SimulateOptions, SimulateOutcome, simulate_point
 
 Progress = Callable[[str], None]
 CAPACITY_JSON = "capacity.json"
@@ -321,7 +321,7 @@ def _server_log_lines(paths: RunPaths, deployment: str) -> list[str]:
 class CapacityOutcome:
     run_dir: Path
     report: CapacityReport
-    sweep: object  # the runner's or the simulator's outcome: counts, status
+    sweep: SweepOutcome | SimulateOutcome  # the runner's or the simulator's: counts, status
 
 
 def run_capacity(loaded: LoadedSweep, options: SweepOptions, progress: Progress = print) -> CapacityOutcome:
@@ -370,18 +370,6 @@ def capacity_lines(report: CapacityReport) -> list[str]:
 
 # ---- the same search in virtual time (the simulated engine, no servers, no EvalScope) -------------------
 
-@dataclass
-class VirtualOutcome:
-    run_dir: Path
-    ok: int = 0
-    degraded: int = 0
-    failed: int = 0
-    does_not_fit: int = 0
-    skipped: int = 0
-    status: str = "running"
-    simulated_s: float = 0.0
-    failures: list[str] = field(default_factory=list)
-
 
 def simulate_capacity(loaded: LoadedSweep, options: SimulateOptions, progress: Progress = print) -> CapacityOutcome:
     """Every (arm, context)'s search on the simulated engine in virtual time: the engine refuses a context it
@@ -398,7 +386,9 @@ def simulate_capacity(loaded: LoadedSweep, options: SimulateOptions, progress: P
                              planned_points=False)
     recorder.record_provenance(provenance.collect(searched, None, None, simulated=SIMULATED_NOTE))
     recorder.update_workload(source="recipe shape (virtual time, no text)")
-    outcome = VirtualOutcome(run_dir=recorder.paths.root)
+    wall_start = time.monotonic()
+    counts = {"ok": 0, "failed": 0, "does_not_fit": 0}
+    failures: list[str] = []
     results = []
     now = 0.0
     for dep in plan.deployments:
@@ -412,7 +402,7 @@ def simulate_capacity(loaded: LoadedSweep, options: SimulateOptions, progress: P
             lines.append(f"ValueError: {refused}")
             record = does_not_fit_record(plan, point, refused, [f"ValueError: {refused}"])
             recorder.record_point(record)
-            outcome.does_not_fit += 1
+            counts["does_not_fit"] += 1
             progress(f"{dep.name}: does not fit: {refused[:160]}")
             search.next(record)
             point = None
@@ -424,14 +414,16 @@ def simulate_capacity(loaded: LoadedSweep, options: SimulateOptions, progress: P
             recorder.record_point(record)
             now = run.end_s + 5.0
             if record.status == "ok":
-                outcome.ok += 1
+                counts["ok"] += 1
             else:
-                outcome.failed += 1
-                outcome.failures.append(f"{dep.name} c{point.concurrency}: {record.reason}")
+                counts["failed"] += 1
+                failures.append(f"{dep.name} c{point.concurrency}: {record.reason}")
             point = search.next(record)
         results.append(_capacity_record(plan, dep, search, lines))
-    outcome.simulated_s = now
-    outcome.status = recorder.finish(ended_at=iso_from_unix(base_unix + now))
+    status = recorder.finish(ended_at=iso_from_unix(base_unix + now))
+    outcome = SimulateOutcome(run_dir=recorder.paths.root, points=sum(counts.values()),
+                              wall_s=time.monotonic() - wall_start, simulated_s=now, status=status,
+                              failures=failures, **counts)
     report = CapacityReport(sweep_name=loaded.sweep.name, simulated=True, virtual_time=True, results=results)
     _write_capacity(recorder.paths.root, report)
     return CapacityOutcome(recorder.paths.root, report, outcome)

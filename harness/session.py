@@ -31,9 +31,9 @@ from harness.plan import make_plan
 from harness.report.markdown import write_report
 from harness.report.plots import default_plots_dir, plot_runs
 from harness.results import RunPaths, new_run_id
-from harness.runner import LauncherKind, SweepOptions, run_sweep
+from harness.runner import LauncherKind, SweepOptions, SweepOutcome, run_sweep
 from harness.servers.reaper import reap_stale_servers
-from harness.simulate import SimulateOptions, simulate_sweep
+from harness.simulate import SimulateOptions, SimulateOutcome, simulate_sweep
 from harness.summary import write_summary_csv
 
 Progress = Callable[[str], None]
@@ -146,27 +146,24 @@ def run_session(loaded: LoadedSweep, options: SessionOptions, progress: Progress
                 result.wall_s = time.monotonic() - started
                 return result
     run_dir = Path(options.results_root) / run_id
+    simulated = SimulateOptions(run_id=run_id, results_root=options.results_root)
+    served = SweepOptions(run_id=run_id, results_root=options.results_root, launcher=options.launcher,
+                          dialect=options.dialect, ray_gpus=options.ray_gpus, envs_dir=options.envs_dir,
+                          clients_dir=options.clients_dir)
     try:
+        outcome: SweepOutcome | SimulateOutcome
         if options.capacity:
-            searched = (simulate_capacity(loaded, SimulateOptions(run_id=run_id, results_root=options.results_root),
-                                          progress) if options.simulate else
-                        run_capacity(loaded, SweepOptions(
-                            run_id=run_id, results_root=options.results_root, launcher=options.launcher,
-                            dialect=options.dialect, ray_gpus=options.ray_gpus, envs_dir=options.envs_dir,
-                            clients_dir=options.clients_dir), progress))
+            searched = (simulate_capacity(loaded, simulated, progress) if options.simulate else
+                        run_capacity(loaded, served, progress))
             outcome, result.capacity = searched.sweep, searched.report
-            result.simulated_s = getattr(outcome, "simulated_s", 0.0)
         elif options.simulate:
-            outcome = simulate_sweep(loaded, SimulateOptions(run_id=run_id, results_root=options.results_root),
-                                     progress=progress)
-            result.simulated_s = outcome.simulated_s
+            outcome = simulate_sweep(loaded, simulated, progress=progress)
         else:
-            outcome = run_sweep(loaded, SweepOptions(
-                run_id=run_id, results_root=options.results_root, launcher=options.launcher,
-                dialect=options.dialect, ray_gpus=options.ray_gpus, envs_dir=options.envs_dir,
-                clients_dir=options.clients_dir), progress=progress)
+            outcome = run_sweep(loaded, served, progress=progress)
+        if isinstance(outcome, SimulateOutcome):
+            result.simulated_s = outcome.simulated_s
         result.ok, result.degraded, result.failed = outcome.ok, outcome.degraded, outcome.failed
-        result.does_not_fit = getattr(outcome, "does_not_fit", 0)
+        result.does_not_fit = outcome.does_not_fit
         result.skipped, result.status, result.failures = outcome.skipped, outcome.status, list(outcome.failures)
     except HarnessError as exc:  # a build on this host, the dataset, the launcher: the sweep could not run
         result.infrastructure_failure, result.error = f"the sweep stopped: {exc}", exc
