@@ -9,12 +9,17 @@ target is build time <= 2x that. A sequential encode (one `encode` call per mess
 printed too.
 
     python benchmarks/dataset_build.py [--conversations 216] [--keep PATH]
+    python benchmarks/dataset_build.py --first-turn 999748 --turns 1 --conversations 8   # the 1M probe's shape
+
+It also prints the process's peak resident memory (the builder holds the pad pool and each conversation
+while it is cut to length).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import tempfile
 import time
@@ -33,9 +38,9 @@ name: blog-shape-offline
 source: {{kind: sample, path: {sample}}}
 tokenizer: {tokenizer}
 pad: {{kind: synthetic}}
-first_turn_length: 74160
+first_turn_length: {first_turn}
 subsequent_turn_length: 753
-num_turns: 13
+num_turns: {turns}
 conversations: {conversations}
 assumed_output_length: 220
 seed: 42
@@ -45,6 +50,8 @@ seed: 42
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conversations", type=int, default=216)
+    parser.add_argument("--first-turn", type=int, default=74160, help="bare tokens of turn 1")
+    parser.add_argument("--turns", type=int, default=13)
     parser.add_argument("--keep", type=Path, default=None, help="copy the built file here")
     parser.add_argument("--verify", action="store_true", help="also run the independent verifier (slow)")
     args = parser.parse_args(argv)
@@ -53,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         recipe_path = Path(tmp) / "blog-shape.yaml"
         recipe_path.write_text(RECIPE.format(sample=REPO_ROOT / "harness/data/samples/openhands-sample.jsonl",
                                              tokenizer=default_tokenizer_path(),
-                                             conversations=args.conversations), encoding="utf-8")
+                                             conversations=args.conversations, first_turn=args.first_turn,
+                                             turns=args.turns), encoding="utf-8")
         loaded = load_recipe(recipe_path)
         tokenizer = load_tokenizer(default_tokenizer_path())
         tokenizer.count_bare("warm up")  # thread pool start-up is not the builder's cost
@@ -72,9 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer.backend.encode(text, add_special_tokens=False)
         sequential_s = time.perf_counter() - started
 
-        print(f"shape: {built.conversations} conversations x 13 turns, 74,160 / 753 tokens, "
+        print(f"shape: {built.conversations} conversations x {args.turns} turns, {args.first_turn:,} / 753 tokens, "
               f"{tokens:,} bare tokens ({built.total_tokens:,} expected), {built.path.stat().st_size:,} bytes")
-        print(f"build: {build_s:.2f} s")
+        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB on Linux
+        print(f"build: {build_s:.2f} s; peak resident memory of this process {peak_gib:.2f} GiB")
         print(f"encode the output once (encode_batch_fast, parallel): {batch_s:.2f} s  -> build / encode = "
               f"{build_s / batch_s:.2f}x (target <= 2x)")
         print(f"encode the output once (encode per message, sequential): {sequential_s:.2f} s  -> "
