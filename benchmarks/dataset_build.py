@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         built = ensure_built(loaded, min_conversations=0, progress=False, out=args.keep)
         build_s = time.perf_counter() - started
+        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB on Linux; before the re-encodes
 
         data = json.loads(built.path.read_bytes())
         contents = [m["content"] for conv in data["conversations"] for turn in conv for m in turn["messages"]]
@@ -82,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"shape: {built.conversations} conversations x {args.turns} turns, {args.first_turn:,} / 753 tokens, "
               f"{tokens:,} bare tokens ({built.total_tokens:,} expected), {built.path.stat().st_size:,} bytes")
-        peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB on Linux
-        print(f"build: {build_s:.2f} s; peak resident memory of this process {peak_gib:.2f} GiB")
+        print(f"build: {build_s:.2f} s; peak resident memory {peak_gib:.2f} GiB")
         print(f"encode the output once (encode_batch_fast, parallel): {batch_s:.2f} s  -> build / encode = "
               f"{build_s / batch_s:.2f}x (target <= 2x)")
         print(f"encode the output once (encode per message, sequential): {sequential_s:.2f} s  -> "

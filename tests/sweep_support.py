@@ -4,9 +4,12 @@ subprocess, reading the run folder back, and process checks."""
 from __future__ import annotations
 
 import hashlib
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.records import PointRecord
@@ -104,3 +107,39 @@ def wait_for(predicate, timeout_s: float) -> bool:
             return True
         time.sleep(0.2)
     return False
+
+
+@dataclass
+class Interrupted:
+    """A `harness` run stopped by SIGINT: its exit code, how long it took to exit, every process it had
+    started (its descendants as seen up to the signal) and its output."""
+    returncode: int
+    took_s: float
+    seen: set[int] = field(default_factory=set)
+    log: str = ""
+
+
+def interrupt_when(argv: list[str], started: Callable[[], bool], out_path: Path, *, start_timeout_s: float,
+                   settle_s: float, stop_timeout_s: float, env: dict[str, str] | None = None,
+                   before_signal: Callable[[], None] = lambda: None) -> Interrupted:
+    """Start `argv`, wait until `started()` holds, let it run `settle_s` more, then SIGINT it and wait for it
+    to exit. The run is killed if anything here fails, so no test leaves it behind."""
+    seen: set[int] = set()
+    with out_path.open("w") as out:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            def watched() -> bool:
+                seen.update(descendants(proc.pid))
+                return started()
+            assert wait_for(watched, start_timeout_s), "the run never reached the moment to interrupt: " + out_path.read_text()[-3000:]
+            time.sleep(settle_s)
+            seen.update(descendants(proc.pid))
+            before_signal()
+            signalled = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=stop_timeout_s)
+            took_s = time.monotonic() - signalled
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return Interrupted(proc.returncode, took_s, seen, out_path.read_text())

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +16,7 @@ import pytest
 import yaml
 from cpu_vllm_run import ROOT, vllm_processes
 from procutil import running
-from sweep_support import descendants, wait_for
+from sweep_support import interrupt_when, sweep_argv, wait_for
 
 from harness.builds.kernels import DISPATCH_LINE, module_version, source_hash
 from harness.records import PointRecord
@@ -153,31 +150,15 @@ def test_a_sigint_mid_point_stops_a_real_vllm_and_leaves_no_process(tmp_path):
     path.write_text(yaml.safe_dump(sweep, sort_keys=False))
     run_dir = tmp_path / "results" / "sigint"
     before = {pid for pid, _ in vllm_processes()}
-    out = (tmp_path / "harness.out").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "sweep", str(path), "--run-id", "sigint", "--results-dir",
-                             str(tmp_path / "results"), "--launcher", "local", "--no-report"], cwd=ROOT,
-                            stdout=out, stderr=subprocess.STDOUT)
-    seen: set[int] = set()
-    try:
-        def streaming() -> bool:
-            seen.update(descendants(proc.pid))
-            return any((run_dir / "points/cpu-baseline/c2/evalscope").glob("attempt-*/evalscope.log"))
-        assert wait_for(streaming, 600), "the point never started: " + (tmp_path / "harness.out").read_text()[-3000:]
-        time.sleep(3.0)  # EvalScope's first requests are streaming
-        seen.update(descendants(proc.pid))
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
-        took_s = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        out.close()
-    log = (tmp_path / "harness.out").read_text()
-    print(log[-1500:], f"\nstopped {took_s:.1f} s after SIGINT")
-    assert proc.returncode == 130, log[-3000:]
-    assert took_s < 60, f"the harness took {took_s:.1f} s to stop"
-    assert wait_for(lambda: not any(running(p) for p in seen), 30), [p for p in seen if running(p)]
+    stopped = interrupt_when(sweep_argv(path, "sigint"),
+                             lambda: any((run_dir / "points/cpu-baseline/c2/evalscope").glob("attempt-*/evalscope.log")),
+                             tmp_path / "harness.out", start_timeout_s=600,
+                             settle_s=3.0,  # EvalScope's first requests are streaming
+                             stop_timeout_s=120)
+    print(stopped.log[-1500:], f"\nstopped {stopped.took_s:.1f} s after SIGINT")
+    assert stopped.returncode == 130, stopped.log[-3000:]
+    assert stopped.took_s < 60, f"the harness took {stopped.took_s:.1f} s to stop"
+    assert wait_for(lambda: not any(running(p) for p in stopped.seen), 30), [p for p in stopped.seen if running(p)]
     assert wait_for(lambda: not [p for p, _ in vllm_processes() if p not in before], 30), vllm_processes()
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["status"] == "interrupted"

@@ -9,12 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from procutil import running
-from sweep_support import ROOT, descendants, points_of, run_sweep, sweep_argv, wait_for, write_sweep
+from sweep_support import ROOT, interrupt_when, points_of, run_sweep, sweep_argv, wait_for, write_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -63,33 +62,22 @@ def test_sigint_with_arms_in_parallel_stops_everything_and_ships_logs(tmp_path, 
                         [(1, 4), (2, 4)])
     env = dict(os.environ, RAY_ADDRESS=cluster.address)
     run_dir = tmp_path / "results/par"
-    out_path = tmp_path / "harness.out"
-    out_file = out_path.open("w")
-    proc = subprocess.Popen(sweep_argv(sweep, "par", "ray"), cwd=ROOT, env=env, stdout=out_file,
-                            stderr=subprocess.STDOUT, text=True)
-    clients: set[int] = set()
-    try:
-        def both_points_running() -> bool:
-            clients.update(descendants(proc.pid))
-            return all(any((run_dir / f"points/{arm}/c1/evalscope").glob("attempt-*/evalscope.log"))
-                       for arm in ("arm-a", "arm-b"))
-        assert wait_for(both_points_running, 240), "the two arms never ran at once: " + out_path.read_text()[-3000:]
-        time.sleep(1.0)
-        clients.update(descendants(proc.pid))
-        servers = _server_pids(run_dir)
+    servers: list[int] = []
+
+    def both_points_running() -> bool:
+        return all(any((run_dir / f"points/{arm}/c1/evalscope").glob("attempt-*/evalscope.log"))
+                   for arm in ("arm-a", "arm-b"))
+
+    def two_servers_up() -> None:
+        servers.extend(_server_pids(run_dir))
         assert len(servers) == 2 and _actor_pids()
-        signalled = time.monotonic()
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)
-        took_s = time.monotonic() - signalled
-        out = out_path.read_text()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        out_file.close()
-    assert proc.returncode == 130, out
-    assert took_s < 30, f"the harness took {took_s:.1f} s to stop"
-    gone = [*servers, *clients]
+
+    stopped = interrupt_when(sweep_argv(sweep, "par", "ray"), both_points_running, tmp_path / "harness.out",
+                             start_timeout_s=240, settle_s=1.0, stop_timeout_s=60, env=env,
+                             before_signal=two_servers_up)
+    assert stopped.returncode == 130, stopped.log
+    assert stopped.took_s < 30, f"the harness took {stopped.took_s:.1f} s to stop"
+    gone = [*servers, *stopped.seen]
     assert wait_for(lambda: not any(running(p) for p in gone) and not _actor_pids(), 10), \
         f"still alive: {[p for p in gone if running(p)]} actors {_actor_pids()}"
     manifest = json.loads((run_dir / "manifest.json").read_text())
