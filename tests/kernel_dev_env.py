@@ -24,7 +24,7 @@ from harness.builds.kernels import (
     run_step,
     torch_version_of,
 )
-from harness.builds.locks import find_lock, install_argv
+from harness.builds.locks import find_lock, install_argv, pip_install
 from harness.io import json_digest
 
 
@@ -46,7 +46,7 @@ def ensure_kernel_dev_env(cache_root: Path | None = None, progress: Progress | N
         log_path.write_text("", encoding="utf-8")
         python = str(tmp / "bin" / "python")
         install = (KernelStep(install_argv(python, lock), f"install lock {lock.path.name} (hashes checked)", {})
-                   if lock else KernelStep([python, "-m", "pip", "install", "--no-input", *DEV_PACKAGES],
+                   if lock else KernelStep([*pip_install(python), *DEV_PACKAGES],
                                            "install CPU torch and the test tools (no lock: resolved today)", {}))
         for step in [KernelStep([sys.executable, "-m", "venv", str(tmp)], "create the venv", {}), install]:
             run_step(step, log_path, progress, "kernel dev env")

@@ -24,7 +24,15 @@ from pathlib import Path
 
 from harness.builds.cached import build_log_path, build_once
 from harness.builds.envs import BuildStep, _run_step
-from harness.builds.locks import Lock, LockError, differences, find_lock, install_argv, installed_versions
+from harness.builds.locks import (
+    Lock,
+    LockError,
+    differences,
+    find_lock,
+    install_argv,
+    installed_versions,
+    pip_install,
+)
 from harness.builds.probe import BuildError
 from harness.config.sweep import evalscope_spec_parts
 from harness.io import json_digest
@@ -97,8 +105,8 @@ def recipe_steps(spec: str, env_dir: Path, lock: Lock | None = None) -> list[Bui
     if lock is not None:
         return [venv, BuildStep(install_argv(python, lock),
                                 f"install the {len(lock.pins)} packages of lock {lock.path.name} (hashes checked)")]
-    return [venv, BuildStep([python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check",
-                             requirement(spec)], f"install {requirement(spec)} (no lock: resolved today)")]
+    return [venv, BuildStep([*pip_install(python), requirement(spec)],
+                            f"install {requirement(spec)} (no lock: resolved today)")]
 
 
 def read_client_marker(env_dir: Path) -> ClientEnv | None:

@@ -46,6 +46,7 @@ from harness.builds.locks import (
     freeze_lines,
     install_argv,
     installed_versions,
+    pip_install,
 )
 from harness.builds.probe import BuildError, probe_build
 from harness.config import BuildSpec, LaunchProfile
@@ -157,7 +158,7 @@ def recipe_steps(spec: BuildSpec, env_dir: Path, lock: Lock | None = None) -> li
     """The commands that make the environment at `env_dir` (a temporary folder while building): the
     lock's exact packages where there is one, else what pip resolves from the spec today."""
     python = str(_venv_python(env_dir))
-    pip = [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check"]
+    pip = pip_install(python)
     steps = [BuildStep([sys.executable, "-m", "venv", str(env_dir)], "create the virtual environment")]
     if spec.kind == "pypi" and lock is not None:
         steps.append(BuildStep(install_argv(python, lock),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from harness.builds.cached import build_once
+from harness.builds.locks import pip_install
 from harness.errors import HarnessError
 from harness.io import json_digest
 
@@ -137,8 +138,8 @@ def kernel_build_steps(python: str, overlay_dir: Path, cuda_arch: str | None,
     return [
         KernelStep([python, "-c", _COPY, str(src), str(staged)],
                    "copy the kernel sources, so concurrent builds never share a build folder", {}),
-        KernelStep([python, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-input",
-                    "--target", str(overlay_dir), str(staged)],
+        KernelStep([*pip_install(python), "--no-build-isolation", "--no-deps", "--target", str(overlay_dir),
+                    str(staged)],
                    f"build hisparse_kernels ({what}) against this environment's torch", env),
         KernelStep([python, "-c", _REMOVE, str(staged)], "drop the staged sources and objects", {}),
     ]

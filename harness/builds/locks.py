@@ -140,10 +140,16 @@ def find_lock(recipe: str | None, locks_dir: Path | None = None) -> Lock | None:
     return read_lock(path, recipe) if path.is_file() else None
 
 
+def pip_install(python: str) -> list[str]:
+    """`pip install` into the environment of `python`, as every environment the harness builds is made.
+    Without byte-compiling: pip would compile every module of every package (half of a 2.4 GB vLLM CPU
+    build's time: 88 s against 44 s on 2 cores); Python compiles the few a server imports on first use."""
+    return [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-compile"]
+
+
 def install_argv(python: str, lock: Lock) -> list[str]:
     """Install exactly the lock: every package named with its hash, nothing resolved beyond it."""
-    return [python, "-m", "pip", "install", "--no-input", "--disable-pip-version-check", "--no-deps",
-            "--require-hashes", "-r", str(lock.path)]
+    return [*pip_install(python), "--no-deps", "--require-hashes", "-r", str(lock.path)]
 
 
 # ---- what an environment holds -------------------------------------------------------------------
