@@ -1,5 +1,13 @@
-"""Suite-wide fixtures and checks.
+"""Suite-wide fixtures, order and checks.
 
+- Two tests run at a time (pytest-xdist, pyproject's addopts); a test that measures time on a real engine
+  has the machine to itself (tests/machine_share.py).
+- Every test that starts a real vLLM server on CPU (marked vllm_server) goes to one worker, which runs
+  them one after another, so two vLLM servers never share the two cores and the session's shared sweep
+  runs once.
+- Collection order is dispatch order: those tests first, then the other slow tests (the ones that only
+  build or import the vLLM environment last among them: the first server test is building it), then the
+  rest, so the long work starts early and the short tests fill in beside it.
 - The real vLLM-on-CPU sweep runs once per session (tests/cpu_vllm_run.py) and is shared.
 - The test run leaves no server or client process behind: every process this session starts
   inherits a marker in its environment, so the check finds this session's leftovers only (not
@@ -13,7 +21,9 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 from cpu_vllm_run import cpu_vllm_run  # noqa: F401  (a session fixture: every module that asks shares one run)
+from machine_share import TogetherScheduling, in_xdist_worker, machine, publish_together, remove_session_files
 
 MARKER = "HISPARSE_TEST_SESSION"
 os.environ.setdefault(MARKER, uuid.uuid4().hex)
@@ -43,11 +53,36 @@ def _matching() -> dict[int, str]:
 _BEFORE: dict[int, str] = {}
 
 
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        if item.get_closest_marker("vllm_server"):
+            return 0
+        if item.get_closest_marker("cpu_vllm"):
+            return 2
+        return 1 if item.get_closest_marker("slow") else 3
+    items.sort(key=rank)  # stable: file order within each rank
+    if in_xdist_worker():
+        publish_together([item.nodeid for item in items if item.get_closest_marker("vllm_server")])
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return TogetherScheduling(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    with machine(alone=item.get_closest_marker("alone") is not None):
+        yield
+
+
 def pytest_sessionstart(session):
     _BEFORE.update(_matching())
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller checks once every worker is done, for all of them
+    remove_session_files()
     deadline = time.monotonic() + 30  # teardowns of the last tests may still be finishing
     while True:
         left = {pid: cmd for pid, cmd in _matching().items() if pid not in _BEFORE}

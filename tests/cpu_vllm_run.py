@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from machine_share import alone_from_here
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_MARKS = ("vllm.entrypoints", "EngineCore", "VLLM::")
@@ -48,6 +49,12 @@ class CpuVllmRun:
 @pytest.fixture(scope="session")
 def cpu_vllm_run(tmp_path_factory: pytest.TempPathFactory) -> CpuVllmRun:
     results = tmp_path_factory.mktemp("cpu-vllm") / "results"
+    # The environments first, beside other tests; then the sweep, whose timings the simulator is calibrated
+    # against, with the machine to itself (tests/machine_share.py). A failed build shows in the sweep's output.
+    built = subprocess.run([sys.executable, "-m", "harness", "build", "sweeps/cpu-vllm.yaml"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=1140)
+    print(built.stdout[-2000:], built.stderr[-2000:])
+    alone_from_here()
     before = frozenset(pid for pid, _ in vllm_processes())
     load_before = os.getloadavg()[0]
     started = time.monotonic()

@@ -29,7 +29,7 @@ from cpu_vllm_run import ROOT
 from harness.calibrate.validate import TARGET, TOLERANCE, read_validation, validation_table
 from harness.sim.profiles import ValidationRow, load_hardware_profile
 
-pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm, pytest.mark.vllm_server]
 
 CALIBRATION_POINTS = ("cpu-baseline:c1", "cpu-baseline:c4")
 HELD_OUT = ("cpu-baseline:c2", "cpu-baseline:c8", "cpu-pressured:c1", "cpu-pressured:c2", "cpu-pressured:c4",

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cpu_vllm_run import vllm_processes
 
-pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm, pytest.mark.vllm_server]
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -151,6 +151,7 @@ def _night(nights: Nights, run_id: str, tmp_path: Path) -> subprocess.CompletedP
 
 
 @pytest.mark.slow
+@pytest.mark.alone  # three served nights judged by the performance gate: a neighbour's load would be a regression
 def test_a_build_that_corrupts_answers_under_pressure_passes_the_perf_gate_and_fails_the_correctness_gate(tmp_path):
     nights = Nights(tmp_path, points=[{"concurrency": 4, "conversations": 8}])
     nights.profiles(run_seed=1)

