@@ -13,10 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from cpu_vllm_run import ROOT, vllm_processes
-from procutil import running
-from sweep_support import interrupt_when, sweep_argv, wait_for
+from cpu_vllm_run import vllm_processes
 
 from harness.builds.kernels import DISPATCH_LINE, module_version, source_hash
 from harness.records import PointRecord
@@ -136,32 +133,3 @@ def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first b
     while ours() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not ours(), f"vLLM processes left after the sweep: {ours()}"
-
-
-@pytest.mark.timeout(900)  # builds the vLLM CPU environment first where no earlier test has
-def test_a_sigint_mid_point_stops_a_real_vllm_and_leaves_no_process(tmp_path):
-    """The harness interrupted while EvalScope streams from a real vLLM: it exits 130 within its bound, the
-    server's stop is recorded with its duration and grace, and no vLLM or EvalScope process is left."""
-    sweep = yaml.safe_load((ROOT / "sweeps" / "cpu-vllm.yaml").read_text())
-    sweep.update(name="cpu-sigint", dataset=str(ROOT / "datasets" / "cpu-tiny.yaml"), correctness={"enabled": False},
-                 deployments=[{"name": "cpu-baseline", "launch": str(ROOT / "launch" / "tiny-cpu.yaml")}])
-    sweep["client"]["points"] = [{"concurrency": 2, "conversations": 8}]
-    path = tmp_path / "sweep.yaml"
-    path.write_text(yaml.safe_dump(sweep, sort_keys=False))
-    run_dir = tmp_path / "results" / "sigint"
-    before = {pid for pid, _ in vllm_processes()}
-    stopped = interrupt_when(sweep_argv(path, "sigint"),
-                             lambda: any((run_dir / "points/cpu-baseline/c2/evalscope").glob("attempt-*/evalscope.log")),
-                             tmp_path / "harness.out", start_timeout_s=600,
-                             settle_s=3.0,  # EvalScope's first requests are streaming
-                             stop_timeout_s=120)
-    print(stopped.log[-1500:], f"\nstopped {stopped.took_s:.1f} s after SIGINT")
-    assert stopped.returncode == 130, stopped.log[-3000:]
-    assert stopped.took_s < 60, f"the harness took {stopped.took_s:.1f} s to stop"
-    assert wait_for(lambda: not any(running(p) for p in stopped.seen), 30), [p for p in stopped.seen if running(p)]
-    assert wait_for(lambda: not [p for p, _ in vllm_processes() if p not in before], 30), vllm_processes()
-    manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["status"] == "interrupted"
-    stops = manifest["deployments"]["cpu-baseline"]["stops"]
-    assert stops and all(s["exited_in_grace"] and not s["killed"] and 0 < s["duration_s"] < s["grace_s"]
-                         for s in stops), stops
