@@ -4,7 +4,8 @@
   has the machine to itself (tests/machine_share.py).
 - Every test that starts a real vLLM server on CPU (marked vllm_server) goes to one worker, which runs
   them one after another, so two vLLM servers never share the two cores and the session's shared sweep
-  runs once.
+  runs once. The tests that run alone go there too, right behind the shared sweep (which measures alone),
+  so the machine is handed from one to the next and the other worker waits for it once.
 - Collection order is dispatch order: those tests first, then the other slow tests (the ones that only
   build or import the vLLM environment last among them: the first server test is building it), then the
   rest, so the long work starts early and the short tests fill in beside it.
@@ -54,15 +55,28 @@ _BEFORE: dict[int, str] = {}
 
 
 def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        if item.get_closest_marker("vllm_server"):
-            return 0
+    def rank(item) -> tuple[int, int]:
+        if "cpu_vllm_run" in getattr(item, "fixturenames", ()):
+            return 0, 0  # the shared sweep, measured alone
+        if _together(item):
+            return 0, 1 if item.get_closest_marker("alone") else 2  # alone ones take the machine from the sweep
         if item.get_closest_marker("cpu_vllm"):
-            return 2
-        return 1 if item.get_closest_marker("slow") else 3
+            return 2, 0
+        return (1, 0) if item.get_closest_marker("slow") else (3, 0)
     items.sort(key=rank)  # stable: file order within each rank
     if in_xdist_worker():
-        publish_together([item.nodeid for item in items if item.get_closest_marker("vllm_server")])
+        publish_together([item.nodeid for item in items if _together(item)])
+
+
+def _measures_alone(item) -> bool:
+    """The test runs alone, or reads the shared sweep measured alone (the sweep's readers come first, so an
+    exclusive hold passes along them to the tests marked alone)."""
+    return item is not None and (item.get_closest_marker("alone") is not None
+                                 or "cpu_vllm_run" in getattr(item, "fixturenames", ()))
+
+
+def _together(item) -> bool:
+    return bool(item.get_closest_marker("vllm_server") or item.get_closest_marker("alone"))
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -71,7 +85,7 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    with machine(alone=item.get_closest_marker("alone") is not None):
+    with machine(alone=item.get_closest_marker("alone") is not None, keep=_measures_alone(nextitem)):
         yield
 
 

@@ -16,7 +16,13 @@ scheduler below, given to xdist by conftest, reads them.
 A turnstile in front of the lock keeps the exclusive taker from waiting forever: it holds the turnstile
 while it waits, so no new test starts beside the ones still running; those finish, it runs alone, then
 everything goes on. A fixture that prepares before it measures (the shared sweep builds its environments
-first) holds the machine shared and turns the hold exclusive between the two (`alone_from_here`). Outside xdist (one test at a time, `-p no:xdist` or `-n 0`) nothing is locked.
+first) holds the machine shared and turns the hold exclusive between the two (`alone_from_here`).
+
+Waiting for the machine costs the other worker its core, so the tests that run alone go to the real-vLLM
+worker too, right behind the shared sweep (conftest orders them), and an exclusive hold passes straight to
+the next test of the same worker when that one runs alone as well (`keep` below): the other worker waits
+once for all of them, not once each, and never waits on a long real-vLLM test that holds the machine
+shared. Outside xdist (one test at a time, `-p no:xdist` or `-n 0`) nothing is locked.
 """
 
 from __future__ import annotations
@@ -67,47 +73,59 @@ def in_xdist_worker() -> bool:
     return "PYTEST_XDIST_WORKER" in os.environ
 
 
+LOCK_EX, LOCK_SH = fcntl.LOCK_EX, fcntl.LOCK_SH
 _held: list = []  # the share lock's file while a test holds the machine (one test at a time per worker)
+_exclusive: list[bool] = [False]  # whether that hold is exclusive
 
 
 @contextmanager
-def machine(*, alone: bool) -> Iterator[float]:
+def machine(*, alone: bool, keep: bool = False) -> Iterator[float]:
     """Hold the machine shared (alone=False) or to this test alone, from its first fixture's set-up to its
-    last teardown; yields the seconds spent waiting for it."""
+    last teardown; yields the seconds spent waiting for it. keep: the next test on this worker runs alone
+    too, so an exclusive hold is handed to it instead of let go (it finds the hold and takes nothing)."""
     if not in_xdist_worker():
         yield 0.0
         return
-    turnstile_path, share_path = _paths()
     started = time.monotonic()
-    with open(turnstile_path, "a") as turnstile, open(share_path, "a") as share:
+    if not (_held and _exclusive[0]):  # not already the machine's alone, handed on by the previous test
+        _take(LOCK_EX if alone else LOCK_SH)
+    try:
+        yield time.monotonic() - started
+    finally:
+        if not (keep and _exclusive[0]):
+            _let_go()
+
+
+
+def _take(mode: int) -> None:
+    turnstile_path, share_path = _paths()
+    share = _held[0] if _held else open(share_path, "a")  # noqa: SIM115  (held across tests)
+    with open(turnstile_path, "a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
-            fcntl.flock(share, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            fcntl.flock(share, mode)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-        _held.append(share)
-        try:
-            yield time.monotonic() - started
-        finally:
-            _held.clear()
-            fcntl.flock(share, fcntl.LOCK_UN)
+    _held[:] = [share]
+    _exclusive[0] = mode == LOCK_EX
+
+
+def _let_go() -> None:
+    if _held:
+        fcntl.flock(_held[0], fcntl.LOCK_UN)
+        _held.pop().close()
+    _exclusive[0] = False
 
 
 def alone_from_here() -> None:
     """The running test has the machine to itself from now to its end: a fixture whose set-up prepares in
     parallel with other tests (builds an environment) and then measures calls this between the two."""
-    if not _held:
-        return  # outside xdist: nothing is locked
+    if not _held or _exclusive[0]:
+        return  # outside xdist nothing is locked; an exclusive hold is already this test's
     # Let go first, then queue like any test that runs alone: waiting at the turnstile while holding the
     # share would deadlock with an alone test that holds the turnstile and waits for that share.
     fcntl.flock(_held[0], fcntl.LOCK_UN)
-    turnstile_path, _ = _paths()
-    with open(turnstile_path, "a") as turnstile:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(_held[0], fcntl.LOCK_EX)
-        finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
+    _take(LOCK_EX)
 
 
 def remove_session_files() -> None:
