@@ -56,7 +56,7 @@ _BEFORE: dict[int, str] = {}
 
 def pytest_collection_modifyitems(config, items):
     def rank(item) -> tuple[int, int]:
-        if "cpu_vllm_run" in getattr(item, "fixturenames", ()):
+        if _reads_shared_sweep(item):
             return 0, 0  # the shared sweep, measured alone
         if _together(item):
             return 0, 1 if item.get_closest_marker("alone") else 2  # alone ones take the machine from the sweep
@@ -71,8 +71,11 @@ def pytest_collection_modifyitems(config, items):
 def _measures_alone(item) -> bool:
     """The test runs alone, or reads the shared sweep measured alone (the sweep's readers come first, so an
     exclusive hold passes along them to the tests marked alone)."""
-    return item is not None and (item.get_closest_marker("alone") is not None
-                                 or "cpu_vllm_run" in getattr(item, "fixturenames", ()))
+    return item is not None and (item.get_closest_marker("alone") is not None or _reads_shared_sweep(item))
+
+
+def _reads_shared_sweep(item) -> bool:
+    return "cpu_vllm_run" in getattr(item, "fixturenames", ())
 
 
 def _together(item) -> bool:

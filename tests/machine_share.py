@@ -73,59 +73,58 @@ def in_xdist_worker() -> bool:
     return "PYTEST_XDIST_WORKER" in os.environ
 
 
-LOCK_EX, LOCK_SH = fcntl.LOCK_EX, fcntl.LOCK_SH
-_held: list = []  # the share lock's file while a test holds the machine (one test at a time per worker)
-_exclusive: list[bool] = [False]  # whether that hold is exclusive
+class _Hold:
+    """This worker's hold on the machine: the share lock's open file, and whether the hold is exclusive (one
+    test at a time per worker; an exclusive hold may pass from one test to the next)."""
+
+    file = None
+    exclusive = False
+
+
+_hold = _Hold()
 
 
 @contextmanager
 def machine(*, alone: bool, keep: bool = False) -> Iterator[float]:
     """Hold the machine shared (alone=False) or to this test alone, from its first fixture's set-up to its
-    last teardown; yields the seconds spent waiting for it. keep: the next test on this worker runs alone
-    too, so an exclusive hold is handed to it instead of let go (it finds the hold and takes nothing)."""
+    last teardown; yields the seconds spent waiting for it. keep: the next test on this worker measures
+    alone too, so an exclusive hold is handed to it instead of let go (it finds the hold and takes nothing)."""
     if not in_xdist_worker():
         yield 0.0
         return
     started = time.monotonic()
-    if not (_held and _exclusive[0]):  # not already the machine's alone, handed on by the previous test
-        _take(LOCK_EX if alone else LOCK_SH)
+    if not _hold.exclusive:  # else handed on by the previous test
+        _take(fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
     try:
         yield time.monotonic() - started
     finally:
-        if not (keep and _exclusive[0]):
-            _let_go()
-
+        if not (keep and _hold.exclusive):
+            fcntl.flock(_hold.file, fcntl.LOCK_UN)
+            _hold.file.close()
+            _hold.file, _hold.exclusive = None, False
 
 
 def _take(mode: int) -> None:
-    turnstile_path, share_path = _paths()
-    share = _held[0] if _held else open(share_path, "a")  # noqa: SIM115  (held across tests)
-    with open(turnstile_path, "a") as turnstile:
+    if _hold.file is None:
+        _hold.file = open(_paths()[1], "a")  # noqa: SIM115  (may be held across tests)
+    with open(_paths()[0], "a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
         try:
-            fcntl.flock(share, mode)
+            fcntl.flock(_hold.file, mode)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
-    _held[:] = [share]
-    _exclusive[0] = mode == LOCK_EX
-
-
-def _let_go() -> None:
-    if _held:
-        fcntl.flock(_held[0], fcntl.LOCK_UN)
-        _held.pop().close()
-    _exclusive[0] = False
+    _hold.exclusive = mode == fcntl.LOCK_EX
 
 
 def alone_from_here() -> None:
     """The running test has the machine to itself from now to its end: a fixture whose set-up prepares in
     parallel with other tests (builds an environment) and then measures calls this between the two."""
-    if not _held or _exclusive[0]:
+    if _hold.file is None or _hold.exclusive:
         return  # outside xdist nothing is locked; an exclusive hold is already this test's
     # Let go first, then queue like any test that runs alone: waiting at the turnstile while holding the
     # share would deadlock with an alone test that holds the turnstile and waits for that share.
-    fcntl.flock(_held[0], fcntl.LOCK_UN)
-    _take(LOCK_EX)
+    fcntl.flock(_hold.file, fcntl.LOCK_UN)
+    _take(fcntl.LOCK_EX)
 
 
 def remove_session_files() -> None:
