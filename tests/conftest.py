@@ -1,11 +1,11 @@
 """Suite-wide fixtures, order and checks.
 
-- Two tests run at a time (pytest-xdist, pyproject's addopts); a test that measures time on a real engine
+- Three tests run at a time (pytest-xdist, pyproject's addopts); a test that measures time on a real engine
   has the machine to itself (tests/machine_share.py).
 - Every test that starts a real vLLM server on CPU (marked vllm_server) goes to one worker, which runs
   them one after another, so two vLLM servers never share the two cores and the session's shared sweep
   runs once. The tests that run alone go there too, right behind the shared sweep (which measures alone),
-  so the machine is handed from one to the next and the other worker waits for it once.
+  so the machine is handed from one to the next and the other workers wait for it once.
 - Collection order is dispatch order: those tests first, then the other slow tests (the ones that only
   build or import the vLLM environment last among them: the first server test is building it), then the
   rest, so the long work starts early and the short tests fill in beside it.

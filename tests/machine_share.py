@@ -1,8 +1,9 @@
-"""Two tests at a time, except where a test measures time on a real engine, and every real vLLM server on
+"""Three tests at a time, except where a test measures time on a real engine, and every real vLLM server on
 one worker.
 
-The suite runs under pytest-xdist with two workers (pyproject's addopts): most tests wait on servers,
-clients and subprocesses, and one test at a time left one of the two cores idle. A test whose assertions
+The suite runs under pytest-xdist with three workers (pyproject's addopts): most tests wait on servers,
+clients and subprocesses, so one test at a time left one of the two cores idle, and two left the machine
+idle about a fifth of the time outside the phase that measures alone. A test whose assertions
 are timings of a real engine (the shared vLLM-on-CPU sweep the simulator is calibrated against, the
 served nights whose performance gate must pass) would measure its neighbour too, so it holds the machine
 alone: it takes an exclusive lock that every other test holds shared while it runs.
@@ -18,11 +19,11 @@ while it waits, so no new test starts beside the ones still running; those finis
 everything goes on. A fixture that prepares before it measures (the shared sweep builds its environments
 first) holds the machine shared and turns the hold exclusive between the two (`alone_from_here`).
 
-Waiting for the machine costs the other worker its core, so the tests that run alone go to the real-vLLM
-worker too, right behind the shared sweep (conftest orders them), and an exclusive hold passes straight to
-the next test of the same worker when that one runs alone as well (`keep` below): the other worker waits
-once for all of them, not once each, and never waits on a long real-vLLM test that holds the machine
-shared. Outside xdist (one test at a time, `-p no:xdist` or `-n 0`) nothing is locked.
+Waiting for the machine costs the other workers their share of it, so the tests that run alone go to the
+real-vLLM worker too, right behind the shared sweep (conftest orders them), and an exclusive hold passes straight
+to the next test of the same worker when that one runs alone as well (`keep` below): the other workers wait
+once for all of them, not once each, and never wait on a long real-vLLM test that holds the machine shared.
+Outside xdist (one test at a time, `-p no:xdist` or `-n 0`) nothing is locked.
 """
 
 from __future__ import annotations
