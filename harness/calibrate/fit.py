@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import least_squares
 
 from harness.calibrate.coefficients import COEFFICIENTS, start_values, with_values
 from harness.calibrate.predict import PointSetup, Prediction, predict
@@ -88,6 +87,10 @@ def fit(targets: Sequence[Target], base: HardwareProfile, names: Sequence[str], 
             if progress is not None and len(cache) % 10 == 0:
                 progress(f"calibrate: {len(cache)} evaluations, cost {0.5 * float(np.sum(cache[key] ** 2)):.4f}")
         return cache[key]
+
+    # imported here: every sweep and report start imports this module (the report's validation figure), and
+    # scipy.optimize is about a quarter of that start's import time; only a calibration fits
+    from scipy.optimize import least_squares
 
     result = least_squares(residuals, z0, bounds=(lower, upper), method="trf", diff_step=DIFF_STEP,
                            max_nfev=max_evaluations)
