@@ -5,7 +5,8 @@
 - Every test that starts a real vLLM server on CPU (marked vllm_server) goes to one worker, which runs
   them one after another, so two vLLM servers never share the two cores and the session's shared sweep
   runs once. The tests that run alone go there too, right behind the shared sweep (which measures alone),
-  so the machine is handed from one to the next and the other workers wait for it once.
+  so the machine is handed from one to the next and the other workers wait for it once; the sweep's other
+  readers (the calibration) come after them, beside the other workers' tests.
 - Collection order is dispatch order: those tests first, then the other slow tests (the ones that only
   build or import the vLLM environment last among them: the first server test is building it), then the
   rest, so the long work starts early and the short tests fill in beside it.
@@ -56,10 +57,13 @@ _BEFORE: dict[int, str] = {}
 
 def pytest_collection_modifyitems(config, items):
     def rank(item) -> tuple[int, int]:
-        if _reads_shared_sweep(item):
-            return 0, 0  # the shared sweep, measured alone
+        if _runs_shared_sweep(item):
+            return 0, 0  # the shared sweep, measured alone in this test's set-up
         if _together(item):
-            return 0, 1 if item.get_closest_marker("alone") else 2  # alone ones take the machine from the sweep
+            if item.get_closest_marker("alone"):
+                return 0, 1  # alone ones take the machine from the sweep
+            # the sweep's other readers measure nothing themselves: after the alone ones, beside other tests
+            return 0, 2 if _reads_shared_sweep(item) else 3
         if item.get_closest_marker("cpu_vllm"):
             return 2, 0
         return (1, 0) if item.get_closest_marker("slow") else (3, 0)
@@ -69,13 +73,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _measures_alone(item) -> bool:
-    """The test runs alone, or reads the shared sweep measured alone (the sweep's readers come first, so an
-    exclusive hold passes along them to the tests marked alone)."""
-    return item is not None and (item.get_closest_marker("alone") is not None or _reads_shared_sweep(item))
+    """The test runs alone, or runs the shared sweep, measured alone, in its set-up (it comes first, so an
+    exclusive hold passes from it to the tests marked alone)."""
+    return item is not None and (item.get_closest_marker("alone") is not None or _runs_shared_sweep(item))
 
 
 def _reads_shared_sweep(item) -> bool:
     return "cpu_vllm_run" in getattr(item, "fixturenames", ())
+
+
+def _runs_shared_sweep(item) -> bool:
+    """The sweep's own test (marked shared_sweep): it reads the sweep first, so the sweep runs in its set-up.
+    A reader runs it instead where that test is not selected; it then holds the machine alone to its end."""
+    return _reads_shared_sweep(item) and item.get_closest_marker("shared_sweep") is not None
 
 
 def _together(item) -> bool:

@@ -77,7 +77,7 @@ def _to_target(row: ValidationRow) -> str:
             + ("" if worst <= TOLERANCE else f", beyond the {TOLERANCE:.0%} bound"))
 
 
-@pytest.mark.timeout(1500)  # the shared sweep may run in this test's setup (about 5 min, more on a fresh machine)
+@pytest.mark.timeout(1500)  # the shared sweep runs in this test's setup where its own test is not selected
 def test_calibrated_simulator_predicts_the_held_out_points_of_a_real_vllm(cpu_vllm_run, tmp_path):
     assert cpu_vllm_run.done.returncode == 0, cpu_vllm_run.done.stdout[-3000:] + cpu_vllm_run.done.stderr[-3000:]
     out = tmp_path / "cpu-calibrated.yaml"

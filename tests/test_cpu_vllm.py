@@ -36,8 +36,9 @@ def family_names(scrapes: Path) -> set[str]:
     return names
 
 
-@pytest.mark.timeout(1200)  # the shared sweep (tests/cpu_vllm_run.py) may run in this test's setup; a fresh
-def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):  # machine first builds the env (about 3.5 min)
+@pytest.mark.shared_sweep  # the sweep (tests/cpu_vllm_run.py) runs in this test's set-up (conftest's order)
+@pytest.mark.timeout(1200)  # a fresh machine first builds the environment (about 2 min)
+def test_cpu_vllm_sweep_end_to_end_through_ray(cpu_vllm_run):
     before, done, run_dir = cpu_vllm_run.before, cpu_vllm_run.done, cpu_vllm_run.run_dir
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
