@@ -20,10 +20,10 @@ everything goes on. A fixture that prepares before it measures (the shared sweep
 first) holds the machine shared and turns the hold exclusive between the two (`alone_from_here`).
 
 Waiting for the machine costs the other workers their share of it, so the tests that run alone go to the
-real-vLLM worker too, right behind the shared sweep (conftest orders them), and an exclusive hold passes straight
-to the next test of the same worker when that one runs alone as well (`keep` below): the other workers wait
-once for all of them, not once each, and never wait on a long real-vLLM test that holds the machine shared.
-Outside xdist (one test at a time, `-p no:xdist` or `-n 0`) nothing is locked.
+real-vLLM worker too, right behind the shared sweep (conftest orders them), and an exclusive hold passes
+straight to the next test of the same worker when that one runs alone as well (`keep` below): the other
+workers wait once for all of them, not once each, and never wait on a long real-vLLM test that holds the
+machine shared. Outside xdist (one test at a time, `-p no:xdist` or `-n 0`) nothing is locked.
 """
 
 from __future__ import annotations
