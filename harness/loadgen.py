@@ -1,5 +1,10 @@
 """One EvalScope `perf` invocation per point: its command, its run, where its summary lands.
 
+The command is the one a person would type (the manifest records it); it runs forked from a server that
+imported EvalScope once per sweep (harness/forkserver.py), since the import alone costs more CPU than a
+simulated point's traffic. A command no fork server can run starts from scratch, as does every point
+where the server cannot start or stops answering.
+
 Each attempt gets a fresh output folder: EvalScope fails when it reuses one with
 `--no-timestamp` (docs/facts.md §6). The offset is always explicit, so a point never
 depends on EvalScope's own offset bookkeeping between runs.
@@ -7,17 +12,21 @@ depends on EvalScope's own offset bookkeeping between runs.
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from harness import forkserver
 from harness.builds.client import client_env_dir, client_program, planned_version, read_client_marker
 from harness.config import ClientSettings
 from harness.io import compact_json, die_with_parent, package_version
@@ -28,6 +37,11 @@ from harness.redact import scrub_text_files
 from harness.servers.reaper import track_client
 
 BASE_URL_PLACEHOLDER = "{base_url}"
+
+# What a fork server imports once for every point: the CLI and `perf` (seconds of CPU per point otherwise).
+PRELOAD = ("evalscope.cli.cli", "evalscope.perf.main")
+# For the server's import of EvalScope (about 2 s on an idle core) and each answer; past it, clients start from scratch.
+ANSWER_TIMEOUT_S = 120.0
 DATASET_PLACEHOLDER = "{dataset}"
 OUTPUTS_PLACEHOLDER = "{outputs}"
 
@@ -189,8 +203,10 @@ def _client_env(argv: list[str]) -> dict[str, str]:
 
 def _run_evalscope(argv: list[str], log_path: Path, timeout_s: float,
                   should_stop: Callable[[], bool] | None = None,
-                  on_started: Callable[[int], None] | None = None) -> LoadRun:
-    """Run one EvalScope process to completion, its output into `log_path`.
+                  on_started: Callable[[int], None] | None = None,
+                  server: _ForkServer | None = None) -> LoadRun:
+    """Run one EvalScope process to completion, its output into `log_path`: forked from `server` where one
+    is given and answering, else started from scratch.
 
     `should_stop()` is polled: when it turns true (the server died), EvalScope is
     stopped rather than left to time out request by request. The client dies with the
@@ -198,33 +214,35 @@ def _run_evalscope(argv: list[str], log_path: Path, timeout_s: float,
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, env=_client_env(argv))
-        if on_started is not None:
-            on_started(proc.pid)
-        timed_out = interrupted = False
-        try:
-            while proc.poll() is None:
-                if time.monotonic() - start > timeout_s:
-                    timed_out = True
-                    break
-                if should_stop is not None and should_stop():
-                    interrupted = True
-                    break
-                try:
-                    proc.wait(timeout=1.0)
-                except subprocess.TimeoutExpired:
-                    pass
-        finally:
-            if proc.poll() is None:
-                _stop_group(proc)
+    with open(log_path, "ab") as log:  # there from the start, however soon the client is stopped
+        proc = server.start(argv, log_path) if server is not None else None
+        if proc is None:
+            proc = subprocess.Popen(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env=_client_env(argv))
+    if on_started is not None:
+        on_started(proc.pid)
+    timed_out = interrupted = False
+    try:
+        while proc.poll() is None:
+            if time.monotonic() - start > timeout_s:
+                timed_out = True
+                break
+            if should_stop is not None and should_stop():
+                interrupted = True
+                break
+            try:
+                proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        if proc.poll() is None:
+            _stop_group(proc)
     return LoadRun(returncode=proc.returncode if proc.returncode is not None else -1,
                    wall_s=time.monotonic() - start, stdout_path=log_path,
                    timed_out=timed_out, interrupted=interrupted)
 
 
-def _stop_group(proc: subprocess.Popen) -> None:
+def _stop_group(proc: subprocess.Popen | _ForkedRun) -> None:
     for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -237,6 +255,132 @@ def _stop_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def forkable(argv: list[str]) -> tuple[list[str], list[str]] | None:
+    """(the command up to and including its Python interpreter, what follows it) for a command a fork server
+    can run: `[nice -n N] PYTHON -m MODULE ...`, `[nice -n N] PYTHON SCRIPT ...` or `[nice -n N] SCRIPT ...` whose
+    first line names its Python (a console script); None for anything else, which then starts from scratch."""
+    head = 3 if argv[:2] == ["nice", "-n"] else 0
+    rest = argv[head:]
+    if len(rest) >= 2 and Path(rest[0]).name.startswith("python"):
+        if rest[1] == "-m" and len(rest) >= 3 or not rest[1].startswith("-"):
+            return argv[:head + 1], rest[1:]
+        return None
+    try:
+        with open(rest[0], "rb") as script:
+            first = script.readline(512).decode(errors="replace").strip()
+    except (OSError, IndexError):
+        return None
+    python = first[2:].strip() if first.startswith("#!") else ""
+    if not python or " " in python or not Path(python).name.startswith("python") or not Path(python).exists():
+        return None
+    return [*argv[:head], python], rest
+
+
+class _ForkedRun:
+    """A run the fork server started: the Popen calls `_run_evalscope` makes, answered from the server's lines."""
+
+    def __init__(self, server: _ForkServer, pid: int):
+        self.server, self.pid, self.returncode = server, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.returncode(self.pid, timeout_s=0.0)
+        return self.returncode
+
+    def wait(self, timeout: float) -> int:
+        if self.returncode is None:
+            self.returncode = self.server.returncode(self.pid, timeout_s=timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired("evalscope", timeout)
+        return self.returncode
+
+
+class _ForkServer:
+    """One client interpreter that imported EvalScope once and forks a process per point (harness/forkserver.py):
+    a point's client starts in milliseconds instead of re-importing for seconds of CPU. Any trouble with the
+    server (it cannot start, stops answering) ends it, and the points start their clients from scratch again."""
+
+    def __init__(self, python_argv: list[str], env: dict[str, str], preload: tuple[str, ...] = PRELOAD):
+        self.proc: subprocess.Popen | None = subprocess.Popen(
+            die_with_parent([*python_argv, "-u", forkserver.__file__, *preload]), stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+        self._pending = b""
+        if self._read(ANSWER_TIMEOUT_S) != {"ready": True}:
+            self.close()
+
+    def _read(self, timeout_s: float) -> dict | None:
+        """The server's next answer, waiting up to timeout_s; None when none came (or the server is gone).
+        Read from the descriptor with a buffer of its own: a buffered reader could hold a second line that
+        select() then never reports."""
+        if self.proc is None or self.proc.stdout is None:
+            return None
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while b"\n" not in self._pending:
+            try:
+                ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            except (OSError, ValueError):
+                return None
+            if not ready:
+                return None
+            try:
+                chunk = os.read(self.proc.stdout.fileno(), 4096)
+            except (OSError, ValueError):  # closed by close() from another thread: the server is gone
+                return None
+            if not chunk:
+                return None
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            return None
+        return answer if isinstance(answer, dict) else None
+
+    def start(self, argv: list[str], log_path: Path) -> _ForkedRun | None:
+        found = forkable(argv)
+        if self.proc is None or self.proc.stdin is None or found is None:
+            return None
+        request = {"argv": found[1], "log": str(log_path), "env": _client_env(argv), "cwd": os.getcwd()}
+        try:
+            self.proc.stdin.write((json.dumps(request) + "\n").encode())
+            self.proc.stdin.flush()
+        except OSError:
+            self.close()
+            return None
+        answer = self._read(ANSWER_TIMEOUT_S)
+        if not answer or "pid" not in answer:
+            self.close()
+            return None
+        return _ForkedRun(self, int(answer["pid"]))
+
+    def returncode(self, pid: int, timeout_s: float) -> int | None:
+        answer = self._read(timeout_s)
+        if answer is None:
+            proc = self.proc
+            if proc is None or proc.poll() is not None:  # the server died: so did its child (parent-death signal)
+                self.close()
+                return -1
+            return None
+        return int(answer["returncode"]) if answer.get("pid") == pid else -1
+
+    def close(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            try:
+                proc.stdin.close()  # the server's loop ends; it exits once no run is going
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 class LoadGenerator:
     """What the runner asks of a load generator: run one point's command, read its summary,
     and leave no secret in the files it wrote.
@@ -245,8 +389,29 @@ class LoadGenerator:
     each client gets a pidfile there, so a later harness reaps one a killed harness left.
     """
 
-    def __init__(self, pid_dir: Path | None = None):
+    def __init__(self, pid_dir: Path | None = None, preload: tuple[str, ...] | None = PRELOAD):
         self.pid_dir = pid_dir
+        self.preload = preload  # what each fork server imports once; None: no fork server, every client from scratch
+        self._servers: dict[tuple[int, tuple[str, ...]], _ForkServer] = {}
+        self._lock = threading.Lock()
+
+    def _server(self, argv: list[str]) -> _ForkServer | None:
+        """This thread's fork server for the command's interpreter, started on first use. Per thread: the server
+        gets its parent-death signal when the thread that started it ends."""
+        found = forkable(argv) if self.preload is not None else None
+        if found is None:
+            return None
+        key = (threading.get_ident(), tuple(found[0]))
+        with self._lock:
+            server = self._servers.get(key)
+        if server is None or server.proc is None or server.proc.poll() is not None:
+            try:
+                server = _ForkServer(found[0], _client_env(argv), self.preload)
+            except OSError:
+                return None  # the interpreter cannot start: the point starts its client itself and says why
+            with self._lock:
+                self._servers[key] = server
+        return server
 
     def run(self, argv: list[str], log_path: Path, timeout_s: float,
             should_stop: Callable[[], bool] | None = None) -> LoadRun:
@@ -257,10 +422,18 @@ class LoadGenerator:
                 pidfiles.append(track_client(log_path.parent.name, pid, argv, self.pid_dir))
 
         try:
-            return _run_evalscope(argv, log_path, timeout_s, should_stop, on_started=track)
+            return _run_evalscope(argv, log_path, timeout_s, should_stop, on_started=track,
+                                  server=self._server(argv))
         finally:
             for path in pidfiles:
                 path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """End the fork servers (each exits once its run, if any, has ended)."""
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+        for server in servers:
+            server.close()
 
     def scrub(self, outputs_dir: Path) -> None:
         """Mask secrets in the text files the client wrote (its log, benchmark_args.json, ...)."""

@@ -293,6 +293,7 @@ def run_sweep(loaded: LoadedSweep, options: SweepOptions, progress: Progress = p
         run.interrupted = True
         raise
     finally:
+        run.load_generator.close()
         launcher.close()
         outcome.status = recorder.finish(interrupted=run.interrupted, stopped_by_policy=outcome.stopped_by_policy)
         outcome.wall_s = time.monotonic() - started

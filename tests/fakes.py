@@ -69,6 +69,9 @@ class FakeLoadGenerator(LoadGenerator):
     outcome: Callable[[str, int], str] = lambda name, attempt: "ok"
     calls: list[str] = field(default_factory=list)
 
+    def __post_init__(self):
+        LoadGenerator.__init__(self)
+
     def run(self, argv: list[str], log_path: Path, timeout_s: float, should_stop=None) -> LoadRun:
         name = argv[argv.index("--name") + 1]
         attempt = sum(1 for c in self.calls if c == name) + 1

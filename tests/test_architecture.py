@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "harness"
 
 # Bottom to top. A module may import its own layer or any layer below (docs/architecture.md).
 LAYERS: list[tuple[str, ...]] = [
-    ("harness", "harness.errors", "harness.io", "harness.redact", "harness.catalogue", "harness.vllm_names"),
+    ("harness", "harness.forkserver", "harness.errors", "harness.io", "harness.redact", "harness.catalogue", "harness.vllm_names"),
     ("harness.schema", "harness.support"),
     ("harness.config", "harness.records"),
     ("harness.calc", "harness.metrics", "harness.dataset", "harness.sim", "harness.hub", "harness.hub_rows",
