@@ -64,11 +64,14 @@ def _child(request: dict, server_pid: int, protocol: list) -> None:
         os.chdir(request["cwd"])
         argv = list(request["argv"])
         if argv[0] == "-m":
-            # as on a command line, where the module is not imported before it runs as __main__ (runpy warns)
+            # as on a command line: the folder first on the path, the module not imported before it runs as
+            # __main__ (runpy warns otherwise)
+            sys.path.insert(0, os.getcwd())
             sys.modules.pop(argv[1], None)
             sys.argv = [argv[1], *argv[2:]]
             runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         else:
+            sys.path.insert(0, os.path.dirname(os.path.realpath(argv[0])))  # the script's folder, as on a command line
             sys.argv = argv
             runpy.run_path(argv[0], run_name="__main__")
         code = 0
@@ -87,6 +90,10 @@ def _child(request: dict, server_pid: int, protocol: list) -> None:
 
 
 def main() -> int:
+    # Python put this file's folder first on the path: harness's own modules (config, schema, report, ...)
+    # would shadow any top-level module of that name the program imports.
+    if sys.path and os.path.realpath(sys.path[0] or ".") == os.path.dirname(os.path.realpath(__file__)):
+        sys.path.pop(0)
     # The protocol gets its own descriptors; fd 1 becomes fd 2, so what an import prints cannot corrupt it.
     requests = os.fdopen(os.dup(0), "r")
     answers = os.fdopen(os.dup(1), "w")

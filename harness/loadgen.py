@@ -37,13 +37,13 @@ from harness.redact import scrub_text_files
 from harness.servers.reaper import track_client
 
 BASE_URL_PLACEHOLDER = "{base_url}"
+DATASET_PLACEHOLDER = "{dataset}"
+OUTPUTS_PLACEHOLDER = "{outputs}"
 
 # What a fork server imports once for every point: the CLI and `perf` (seconds of CPU per point otherwise).
 PRELOAD = ("evalscope.cli.cli", "evalscope.perf.main")
 # For the server's import of EvalScope (about 2 s on an idle core) and each answer; past it, clients start from scratch.
 ANSWER_TIMEOUT_S = 120.0
-DATASET_PLACEHOLDER = "{dataset}"
-OUTPUTS_PLACEHOLDER = "{outputs}"
 
 
 # What changes when a sweep meant to reproduce the blog runs another EvalScope (docs/facts.md §6).
@@ -348,20 +348,25 @@ class _ForkServer:
             self.close()
             return None
         answer = self._read(ANSWER_TIMEOUT_S)
+        while answer is not None and "returncode" in answer:  # the end of an earlier run, never waited for
+            answer = self._read(ANSWER_TIMEOUT_S)
         if not answer or "pid" not in answer:
             self.close()
             return None
         return _ForkedRun(self, int(answer["pid"]))
 
     def returncode(self, pid: int, timeout_s: float) -> int | None:
-        answer = self._read(timeout_s)
-        if answer is None:
-            proc = self.proc
-            if proc is None or proc.poll() is not None:  # the server died: so did its child (parent-death signal)
-                self.close()
-                return -1
-            return None
-        return int(answer["returncode"]) if answer.get("pid") == pid else -1
+        """The run's exit status once the server reports it; None while it runs; -1 where the server is gone."""
+        while True:
+            answer = self._read(timeout_s)
+            if answer is None:
+                proc = self.proc
+                if proc is None or proc.poll() is not None:  # the server died, so did its run (parent-death signal)
+                    self.close()
+                    return -1
+                return None
+            if answer.get("pid") == pid and "returncode" in answer:
+                return int(answer["returncode"])
 
     def close(self) -> None:
         proc, self.proc = self.proc, None

@@ -12,12 +12,14 @@ import sys
 import time
 from pathlib import Path
 
+import harness
 from harness.loadgen import PRELOAD, LoadGenerator, forkable
 
 PROBE = f"""#!{sys.executable}
 import json, os, sys, time
 out = {{"pid": os.getpid(), "ppid": os.getppid(), "sid": os.getsid(0), "argv": sys.argv[1:],
-        "cwd": os.getcwd(), "no_proxy": os.environ.get("NO_PROXY", ""), "marker": os.environ.get("FORK_MARKER")}}
+        "cwd": os.getcwd(), "no_proxy": os.environ.get("NO_PROXY", ""), "marker": os.environ.get("FORK_MARKER"),
+        "path": sys.path}}
 print(json.dumps(out), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if "--sleep" in sys.argv:
@@ -64,6 +66,10 @@ def test_runs_fork_from_one_server_and_keep_what_a_started_process_has(tmp_path,
         assert one["sid"] == one["pid"] and two["sid"] == two["pid"]  # each leads its own process group
         assert one["argv"] == ["--url", "http://127.0.0.9:1/v1", "--exit", "0"]
         assert one["cwd"] == str(tmp_path) and one["marker"] == "set after the server started"
+        # the script's folder first on the path, as on a command line; never the server's own (harness/, whose
+        # modules would shadow top-level ones of the same name)
+        assert one["path"][0] == str(tmp_path)
+        assert str(Path(harness.__file__).parent) not in one["path"]
         assert "127.0.0.9" in one["no_proxy"].split(",")
         assert "to stderr" in log_one  # stdout and stderr both in the log
     finally:
