@@ -204,9 +204,9 @@ def _client_env(argv: list[str]) -> dict[str, str]:
 def _run_evalscope(argv: list[str], log_path: Path, timeout_s: float,
                   should_stop: Callable[[], bool] | None = None,
                   on_started: Callable[[int], None] | None = None,
-                  server: _ForkServer | None = None) -> LoadRun:
-    """Run one EvalScope process to completion, its output into `log_path`: forked from `server` where one
-    is given and answering, else started from scratch.
+                  fork: tuple[_ForkServer, list[str]] | None = None) -> LoadRun:
+    """Run one EvalScope process to completion, its output into `log_path`: forked from a server where `fork`
+    gives one (with what follows the interpreter in argv) and it answers, else started from scratch.
 
     `should_stop()` is polled: when it turns true (the server died), EvalScope is
     stopped rather than left to time out request by request. The client dies with the
@@ -214,11 +214,12 @@ def _run_evalscope(argv: list[str], log_path: Path, timeout_s: float,
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    env = _client_env(argv)
     with open(log_path, "ab") as log:  # there from the start, however soon the client is stopped
-        proc = server.start(argv, log_path) if server is not None else None
+        proc = fork[0].start(fork[1], env, log_path) if fork is not None else None
         if proc is None:
             proc = subprocess.Popen(die_with_parent(argv), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env=_client_env(argv))
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env=env)
     if on_started is not None:
         on_started(proc.pid)
     timed_out = interrupted = False
@@ -336,11 +337,11 @@ class _ForkServer:
             return None
         return answer if isinstance(answer, dict) else None
 
-    def start(self, argv: list[str], log_path: Path) -> _ForkedRun | None:
-        found = forkable(argv)
-        if self.proc is None or self.proc.stdin is None or found is None:
+    def start(self, argv_after_python: list[str], env: dict[str, str], log_path: Path) -> _ForkedRun | None:
+        """Fork one run; None where the server is gone or does not answer (it is then ended)."""
+        if self.proc is None or self.proc.stdin is None:
             return None
-        request = {"argv": found[1], "log": str(log_path), "env": _client_env(argv), "cwd": os.getcwd()}
+        request = {"argv": argv_after_python, "log": str(log_path), "env": env, "cwd": os.getcwd()}
         try:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())
             self.proc.stdin.flush()
@@ -394,29 +395,31 @@ class LoadGenerator:
     each client gets a pidfile there, so a later harness reaps one a killed harness left.
     """
 
-    def __init__(self, pid_dir: Path | None = None, preload: tuple[str, ...] | None = PRELOAD):
+    def __init__(self, pid_dir: Path | None = None, preload: tuple[str, ...] = PRELOAD):
         self.pid_dir = pid_dir
-        self.preload = preload  # what each fork server imports once; None: no fork server, every client from scratch
+        self.preload = preload  # what each fork server imports once
         self._servers: dict[tuple[int, tuple[str, ...]], _ForkServer] = {}
         self._lock = threading.Lock()
 
-    def _server(self, argv: list[str]) -> _ForkServer | None:
-        """This thread's fork server for the command's interpreter, started on first use. Per thread: the server
-        gets its parent-death signal when the thread that started it ends."""
-        found = forkable(argv) if self.preload is not None else None
+    def _fork(self, argv: list[str]) -> tuple[_ForkServer, list[str]] | None:
+        """This thread's fork server for the command's interpreter (started on first use) and what follows the
+        interpreter in argv; None where the command is not one a server can run. Per thread: the server gets its
+        parent-death signal when the thread that started it ends."""
+        found = forkable(argv)
         if found is None:
             return None
-        key = (threading.get_ident(), tuple(found[0]))
+        python, after_python = found
+        key = (threading.get_ident(), tuple(python))
         with self._lock:
             server = self._servers.get(key)
         if server is None or server.proc is None or server.proc.poll() is not None:
             try:
-                server = _ForkServer(found[0], _client_env(argv), self.preload)
+                server = _ForkServer(python, _client_env(argv), self.preload)
             except OSError:
                 return None  # the interpreter cannot start: the point starts its client itself and says why
             with self._lock:
                 self._servers[key] = server
-        return server
+        return server, after_python
 
     def run(self, argv: list[str], log_path: Path, timeout_s: float,
             should_stop: Callable[[], bool] | None = None) -> LoadRun:
@@ -428,7 +431,7 @@ class LoadGenerator:
 
         try:
             return _run_evalscope(argv, log_path, timeout_s, should_stop, on_started=track,
-                                  server=self._server(argv))
+                                  fork=self._fork(argv))
         finally:
             for path in pidfiles:
                 path.unlink(missing_ok=True)
