@@ -15,7 +15,6 @@ from harness.config import LoadedSweep
 from harness.io import iso_from_unix
 from harness.metrics.derive import derive_point_metrics
 from harness.metrics.evalscope_requests import RequestRow
-from harness.metrics.prom import parse_exposition
 from harness.metrics.scrape import ScrapeRecord
 from harness.plan import DeploymentPlan, Plan, PointPlan, make_plan
 from harness.point import does_not_fit_record
@@ -168,12 +167,15 @@ def simulate_point(plan: Plan, dep: DeploymentPlan, point: PointPlan, engine: En
     sweep = plan.config
     text = MetricsText(engine, dep.served_model_name)
     records: list[ScrapeRecord] = []
+    scrapes = 0
 
     def scrape(at_s: float) -> None:
-        index = len({r.scrape for r in records})
-        for s in parse_exposition(text.render().decode(), sweep.scrape.keep_prefixes):
-            records.append(ScrapeRecord(t=base_unix + at_s, scrape=index, name=s.name, labels=s.labels,
+        nonlocal scrapes
+        samples = text.samples(sweep.scrape.keep_prefixes)
+        for s in samples:
+            records.append(ScrapeRecord(t=base_unix + at_s, scrape=scrapes, name=s.name, labels=s.labels,
                                         value=s.value))
+        scrapes += bool(samples)  # numbered as the scrapes that kept something, as a reader counts them
 
     offset = point.dataset_offset if point.dataset_offset < len(shapes) else 0
     rotated = shapes[offset:] + shapes[:offset]

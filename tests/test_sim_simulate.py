@@ -106,6 +106,41 @@ def test_exposition_parses_with_the_harness_parser():
     assert all(s.labels.get("model_name") == "glm-agentx" for s in samples)
 
 
+def test_samples_read_from_the_families_equal_the_parsed_text_at_every_scrape():
+    """A simulated run reads its scrapes from the collector, not the text: at every scrape of a pressured
+    point, on both arms (offload pool; HiSparse and offload pools; MTP on both, spec-decode off on one),
+    with every keep-prefix shape, the samples equal what parse_exposition makes of the rendered text."""
+    from harness.config import load_launch
+    from harness.sim.engine import Engine
+    from harness.sim.engine_config import engine_config
+    from harness.sim.exposition import MetricsText
+    from harness.sim.virtual import ConversationShape, run_point
+
+    shapes = [ConversationShape(key=i, turn_tokens=(3000, 200, 150)) for i in range(8)]
+    compared = 0
+    for launch, sim_update, update in (("sim-offload", {}, {}),
+                                       ("sim-hisparse", {"kv_pool_tokens": 4096}, {}),
+                                       ("sim-hisparse", {}, {"speculative": None})):
+        profile = load_launch(REPO / f"launch/{launch}.yaml").profile
+        profile = profile.model_copy(update={**update, "sim": profile.sim.model_copy(update=sim_update)})
+        config = engine_config(profile)
+        assert bool(config.num_speculative_tokens) == ("speculative" not in update)
+        engine = Engine(config)
+        text = MetricsText(engine, "glm-agentx")
+
+        def scrape(_now: float, text: MetricsText = text, launch: str = launch) -> None:
+            nonlocal compared
+            rendered = text.render().decode()
+            for prefixes in (["vllm:"], [], ["vllm:num_requests", "vllm:hisparse_"], ["nothing:"]):
+                assert text.samples(prefixes) == parse_exposition(rendered, prefixes), (launch, prefixes)
+            compared += 1
+
+        run_point(engine, shapes, concurrency=8, conversations=8, max_tokens=64, start_s=0.0,
+                  scrape_interval_s=0.05, on_scrape=scrape)
+        assert "kv_pool_tokens" not in sim_update or engine.counters.hisparse_spills > 0  # pressured: mixed too
+    assert compared > 30
+
+
 def _c1_tpot_ms(tmp_path, run_id: str, sim_extra: dict) -> float:
     """Mean TPOT of the HiSparse arm's c1 point, simulated in-process with extra `sim:` settings."""
     from harness.config import load_sweep

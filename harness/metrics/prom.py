@@ -22,7 +22,8 @@ class Sample:
     value: float = math.nan
 
 
-def _family_kept(family_name: str, keep_prefixes: Sequence[str]) -> bool:
+def family_kept(family_name: str, keep_prefixes: Sequence[str]) -> bool:
+    """Whether a family is kept: its name (as parsed, counters without `_total`) starts with a prefix."""
     return not keep_prefixes or any(family_name.startswith(p) for p in keep_prefixes)
 
 
@@ -37,7 +38,7 @@ def parse_exposition(text: str, keep_prefixes: Sequence[str] = ()) -> list[Sampl
     samples: list[Sample] = []
     try:
         for family in text_string_to_metric_families(text):
-            keep = _family_kept(family.name, keep_prefixes)
+            keep = family_kept(family.name, keep_prefixes)
             for s in family.samples:
                 if keep:
                     samples.append(Sample(name=s.name, labels=dict(s.labels), value=float(s.value)))
