@@ -50,12 +50,23 @@ class PagePool:
 
     def longest_prefix(self, hashes: list[int]) -> list[Block]:
         found: list[Block] = []
+        get = self._by_hash.get  # called per block of a prompt (thousands per request at long contexts)
         for h in hashes:
-            block = self._by_hash.get(h)
+            block = get(h)
             if block is None:
                 break
             found.append(block)
         return found
+
+    def prefix_length(self, hashes: list[int]) -> int:
+        """How many of `hashes`, from the first, the pool holds: the length of `longest_prefix`."""
+        held = self._by_hash
+        n = 0
+        for h in hashes:
+            if h not in held:
+                break
+            n += 1
+        return n
 
     def conserved(self) -> bool:
         total = self.free_pages + self.cached_pages + self.held_pages + self.hot_pages

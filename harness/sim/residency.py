@@ -51,7 +51,7 @@ class Residency:
         computed = len(gpu_hit) * block_size
         loaded: list[int] = []
         if config.policy == "offload" and pools.cpu is not None:
-            loaded = hashes[len(gpu_hit):len(gpu_hit) + self._run_length(hashes[len(gpu_hit):], pools.cpu)]
+            loaded = hashes[len(gpu_hit):len(gpu_hit) + pools.cpu.prefix_length(hashes[len(gpu_hit):])]
         n = 0 if loaded else min(total - computed, budget)
         while not self._grow_full(state, computed + len(loaded) * block_size + n):
             if not (config.policy == "hisparse" and self.relieve(needed_by=None)):
@@ -115,17 +115,8 @@ class Residency:
         """Blocks of the prefix HiSparse can start from: sparse rows in the host pool, indexer KV on CPU."""
         pools = self.pools
         assert pools.host is not None
-        n = self._run_length(hashes, pools.host)
-        return min(n, self._run_length(hashes, pools.cpu)) if pools.cpu is not None else 0
-
-    @staticmethod
-    def _run_length(hashes: list[int], pool) -> int:
-        n = 0
-        for h in hashes:
-            if pool.lookup(h) is None:
-                break
-            n += 1
-        return n
+        n = pools.host.prefix_length(hashes)
+        return min(n, pools.cpu.prefix_length(hashes[:n])) if pools.cpu is not None else 0
 
     def _count_lookup(self, state: RequestState, hits_tokens: int, external_tokens: int) -> None:
         counters = self.pools.counters
