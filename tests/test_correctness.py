@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 from sim_support import chat_body, profile, sim_server
 from test_nightly_e2e import HISPARSE, OFFLOAD, Nights
 
+from harness.catalogue import gated_by_default
 from harness.config.nightly import AnswerThresholds
 from harness.config.prompts import load_prompt_set
 from harness.correctness import ProbeTarget, ask
@@ -150,10 +152,23 @@ def _night(nights: Nights, run_id: str, tmp_path: Path) -> subprocess.CompletedP
                           timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"})
 
 
+# The performance gate these nights pass is the catalogue's, widened 3x: the three nights run beside other
+# tests (a neighbour's load moves a served sim night's timing by tens of percent), and what this test holds
+# is that the correctness gate fails a build whose numbers the performance gate takes.
+_WIDE = {"min_ratio": lambda v: v / 3, "max_ratio": lambda v: v * 3, "max_drop": lambda v: v * 3,
+         "max_rise": lambda v: v * 3}
+
+
+def _widened_gate(nights: Nights) -> None:
+    sweep = yaml.safe_load(nights.sweep.read_text())
+    sweep["nightly"] = {"thresholds": {m.name: {m.rule[0]: _WIDE[m.rule[0]](m.rule[1])} for m in gated_by_default()}}
+    nights.sweep.write_text(yaml.safe_dump(sweep, sort_keys=False))
+
+
 @pytest.mark.slow
-@pytest.mark.alone  # three served nights judged by the performance gate: a neighbour's load would be a regression
 def test_a_build_that_corrupts_answers_under_pressure_passes_the_perf_gate_and_fails_the_correctness_gate(tmp_path):
     nights = Nights(tmp_path, points=[{"concurrency": 4, "conversations": 8}])
+    _widened_gate(nights)
     nights.profiles(run_seed=1)
     first = _night(nights, "honest-n01", tmp_path)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
