@@ -16,6 +16,8 @@ passing checks are kept.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 from harness.builds.envs import MARKER, BuildEnv
 from harness.builds.kernel_proofs import DispatchProof, probe_dispatch
@@ -23,6 +25,8 @@ from harness.builds.kernels import KernelOverlay
 from harness.builds.probe import BuildError, BuildProbe, probe_build
 from harness.config import LaunchProfile
 from harness.support import ResolvedDialect, build_hisparse_refusal
+
+T = TypeVar("T")
 
 
 def check_build(profile: LaunchProfile, env: BuildEnv, dialect: ResolvedDialect | None) -> BuildProbe:
@@ -35,12 +39,9 @@ def check_build(profile: LaunchProfile, env: BuildEnv, dialect: ResolvedDialect 
             raise BuildError(f"build {env.spec}: cannot check the HiSparse ops of a `vllm` whose interpreter "
                              "is unknown; name a build (a PyPI spec or a git ref) instead")
         return BuildProbe(vllm_version=env.vllm_version)
-    key = _memo_key(env)
-    probe = _PROBES.get(key) if key else None
-    if probe is None:
-        probe = probe_build(env.python)
-        if key and probe.vllm_version is not None and probe.error is None:
-            _PROBES[key] = probe
+    python = env.python
+    probe = _once(_memo_key(env, ("probe",)), lambda: probe_build(python),
+                  lambda p: p.vllm_version is not None and p.error is None)
     if probe.vllm_version is None:
         raise BuildError(f"build {env.spec} ({env.python}): vllm does not import: {probe.error}")
     if profile.kv.hisparse is not None and profile.engine == "vllm":
@@ -56,10 +57,19 @@ def check_bundled_kernels(env: BuildEnv, overlay: KernelOverlay, server_env: dic
     call the four ops through _C_cache_ops and read the bundled call counters; BuildError (one line)
     unless every call reached the overlay's kernels (also on CUDA, for a CUDA build)."""
     assert env.python is not None  # prepare refuses bundled kernels without an interpreter
-    key = _memo_key(env, (str(overlay.path), overlay.identity.source_sha256, *sorted(server_env.items())))
-    proof = _PROOFS.get(key) if key else None
-    if proof is None:
-        proof = probe_dispatch(env.python, overlay.path, server_env)
+    python = env.python
+    proof = _once(_memo_key(env, ("dispatch", str(overlay.path), overlay.identity.source_sha256,
+                                  *sorted(server_env.items()))),
+                  lambda: probe_dispatch(python, overlay.path, server_env),
+                  lambda p: _dispatch_problem(p, overlay) is None)
+    problem = _dispatch_problem(proof, overlay)
+    if problem is not None:
+        raise BuildError(f"build {env.spec}: bundled kernels not proven in {env.python}: {problem}")
+    return proof
+
+
+def _dispatch_problem(proof: DispatchProof, overlay: KernelOverlay) -> str | None:
+    """Why the proof does not show every call reaching the overlay's kernels; None where it does."""
     problem = None if proof.ok else proof.why_not()
     if problem is None and proof.identity != overlay.identity:
         problem = (f"the process loaded {proof.identity.describe() if proof.identity else 'no module'}, not the "
@@ -69,15 +79,20 @@ def check_bundled_kernels(env: BuildEnv, overlay: KernelOverlay, server_env: dic
         if not proof.reached_cuda or missed:
             problem = ("calls on CUDA tensors did not reach the bundled CUDA kernels: "
                        + (", ".join(missed) or "no CUDA device was usable"))
-    if problem is not None:
-        raise BuildError(f"build {env.spec}: bundled kernels not proven in {env.python}: {problem}")
-    if key:
-        _PROOFS[key] = proof
-    return proof
+    return problem
 
 
-_PROBES: dict[tuple, BuildProbe] = {}
-_PROOFS: dict[tuple, DispatchProof] = {}
+_KEPT: dict[tuple, object] = {}  # passing checks of this process, by _memo_key
+
+
+def _once(key: tuple | None, run: Callable[[], T], passed: Callable[[T], bool]) -> T:
+    """run()'s result, kept under `key` where it passed; a kept one is returned without running again."""
+    if key is not None and key in _KEPT:
+        return _KEPT[key]  # type: ignore[return-value]
+    result = run()
+    if key is not None and passed(result):
+        _KEPT[key] = result
+    return result
 
 
 def _memo_key(env: BuildEnv, extra: tuple = ()) -> tuple | None:
