@@ -7,15 +7,19 @@ docs/tpot.md).
 
 Asserted at every held-out point of both servers: preemptions predicted where, and only where, the server
 preempted; up to the calibrated concurrency (c4), occupancy within one request (the sampled one, else the
-engine's requests per step). At the held-out points that ran without preemption (baseline c2 and c8,
-pressured c1), TPOT and total throughput within GROSS. The bound the issue asks for is TOLERANCE (20%), the
-target TARGET (10%); the table printed with every run says how far each point is from both. 20% is not the
-assertion because the real engine on this shared 2-core VM does not repeat itself within it: the same point
+engine's requests per step). At the held-out points of the fit's own server that ran without preemption
+(baseline c2 and c8), TPOT and total throughput within GROSS. The bound the issue asks for is TOLERANCE (20%),
+the target TARGET (10%); the table printed with every run says how far each point is from both. 20% is not
+the assertion because the real engine on a shared 2-core VM does not repeat itself within it: the same point
 on one server and a second server of the same profile spread 7-39% over four runs (benchmarks/cpu_fidelity.py
-measures that floor beside the same validation). A preempting point's timing is reported only: its preempted
-requests' waits and recomputed prefills swing from run to run while the preemption counts repeat (pressured
-c4 measured 3.8-7.3 ms over seven runs with 13-18 preemptions). GROSS fails a calibration that is wrong in
-kind (a profile not applied, a missing per-request cost: 2x off)."""
+measures that floor beside the same validation). The second server's timing (the pressured arm) is printed,
+not held: it starts minutes after the fit's points, and the host's speed moves between the two servers by
+more than GROSS (pressured c1 runs baseline c1's workload, and measured 41-67% away from it in three fresh
+suites on a Zen 4 VM, docs/calibration-runs.md); its preemptions and occupancy hold the simulator's KV model.
+A preempting point's timing is reported only as well: its preempted requests' waits and recomputed prefills
+swing from run to run while the preemption counts repeat (pressured c4 measured 3.8-7.3 ms over seven runs
+with 13-18 preemptions). GROSS fails a calibration that is wrong in kind (a profile not applied, a missing
+per-request cost: 2x off)."""
 
 from __future__ import annotations
 
@@ -42,6 +46,10 @@ def _concurrency(point: str) -> int:
     return int(point.rsplit(":c", 1)[1])
 
 
+def _on_the_fit_server(point: str) -> bool:
+    return point.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in CALIBRATION_POINTS}
+
+
 def _errors(row: ValidationRow) -> dict[str, float | None]:
     return {"TPOT": ValidationRow.rel(row.tpot_ms_predicted, row.tpot_ms_measured),
             "throughput": ValidationRow.rel(row.total_tok_s_predicted, row.total_tok_s_measured)}
@@ -51,7 +59,8 @@ def _misses(row: ValidationRow) -> list[str]:
     out = []
     if bool(row.preemptions_predicted) != bool(row.preemptions_measured):
         out.append(f"{row.point}: preemptions {row.preemptions_predicted} vs {row.preemptions_measured} measured")
-    timed = {} if row.preemptions_measured else _errors(row)  # a preempting point's timing: reported only
+    # a preempting point's timing, and the second server's: reported only (the module docstring says why)
+    timed = {} if row.preemptions_measured or not _on_the_fit_server(row.point) else _errors(row)
     for what, rel in timed.items():
         if rel is None or abs(rel) > GROSS:
             out.append(f"{row.point}: {what} {'-' if rel is None else f'{100 * rel:+.0f}%'} off")
