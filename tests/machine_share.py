@@ -17,7 +17,8 @@ scheduler below, given to xdist by conftest, reads them.
 A turnstile in front of the lock keeps the exclusive taker from waiting forever: it holds the turnstile
 while it waits, so no new test starts beside the ones still running; those finish, it runs alone, then
 everything goes on. A fixture that prepares before it measures (the shared sweep builds its environments
-first) holds the machine shared and turns the hold exclusive between the two (`alone_from_here`).
+first) holds the machine shared and turns the hold exclusive between the two (`alone_from_here`); one whose
+timed part ends before its work does turns it back to shared there (`shared_from_here`).
 
 Waiting for the machine costs the other workers their share of it, so the tests that run alone go to the
 real-vLLM worker too, right behind the shared sweep (conftest orders them), and an exclusive hold passes
@@ -126,6 +127,15 @@ def alone_from_here() -> None:
     # share would deadlock with an alone test that holds the turnstile and waits for that share.
     fcntl.flock(_hold.file, fcntl.LOCK_UN)
     _take(fcntl.LOCK_EX)
+
+
+def shared_from_here() -> None:
+    """The running test has stopped measuring: other tests may run beside it again, to its end (a fixture
+    whose later work asserts no timing calls this once its timed part is over)."""
+    if _hold.file is None or not _hold.exclusive:
+        return  # outside xdist nothing is locked; a shared hold is shared already
+    fcntl.flock(_hold.file, fcntl.LOCK_SH)  # a conversion: the tests waiting for a share start now
+    _hold.exclusive = False
 
 
 def remove_session_files() -> None:
