@@ -76,7 +76,6 @@ def cpu_vllm_run(tmp_path_factory: pytest.TempPathFactory) -> CpuVllmRun:
                       load_avg=(load_before, os.getloadavg()[0]))
 
 
-
 def _sweep_alone_until_timed_server_stops(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
     """Run the sweep, reading its progress lines (`[HH:MM:SS] message`) as they come; the machine goes back to
     the other tests once the timed server has run its last point and stopped. Otherwise subprocess.run with

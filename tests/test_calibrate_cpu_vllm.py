@@ -14,8 +14,9 @@ the assertion because the real engine on a shared 2-core VM does not repeat itse
 on one server and a second server of the same profile spread 7-39% over four runs (benchmarks/cpu_fidelity.py
 measures that floor beside the same validation). The second server's timing (the pressured arm) is printed,
 not held: the suite runs it beside other tests (tests/cpu_vllm_run.py), and even alone the host's speed moved
-between the two servers by more than GROSS (pressured c1 runs baseline c1's workload, and measured 41-67% away from it in three fresh
-suites on a Zen 4 VM, docs/calibration-runs.md); its preemptions and occupancy hold the simulator's KV model.
+between the two servers by more than GROSS (pressured c1 runs baseline c1's workload, and measured 41-67%
+away from it in two fresh suites on a Zen 4 VM and a CI run, docs/calibration-runs.md); its preemptions and
+occupancy hold the simulator's KV model.
 A preempting point's timing is reported only as well: its preempted requests' waits and recomputed prefills
 swing from run to run while the preemption counts repeat (pressured c4 measured 3.8-7.3 ms over seven runs
 with 13-18 preemptions). GROSS fails a calibration that is wrong in kind (a profile not applied, a missing
