@@ -86,7 +86,13 @@ def _sweep_alone_until_timed_server_stops(args: list[str], timeout_s: float) -> 
     timed_points_done = False
     with tempfile.TemporaryFile("w+") as stderr, \
             subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True) as proc:
-        watchdog = threading.Timer(timeout_s, proc.kill)
+        timed_out = threading.Event()
+
+        def kill() -> None:
+            timed_out.set()
+            proc.kill()
+
+        watchdog = threading.Timer(timeout_s, kill)
         watchdog.start()
         try:
             for line in proc.stdout:
@@ -97,7 +103,9 @@ def _sweep_alone_until_timed_server_stops(args: list[str], timeout_s: float) -> 
             proc.wait()
         finally:
             watchdog.cancel()
+            if proc.poll() is None:  # this fixture failed while the sweep ran: leave nothing behind
+                proc.kill()
         stderr.seek(0)
-        if watchdog.finished.is_set() and proc.returncode < 0:  # the watchdog killed it
+        if timed_out.is_set():
             raise subprocess.TimeoutExpired(args, timeout_s, "".join(lines), stderr.read())
         return subprocess.CompletedProcess(args, proc.returncode, "".join(lines), stderr.read())

@@ -29,14 +29,15 @@ import sys
 import time
 
 import pytest
-from cpu_vllm_run import ROOT
+from cpu_vllm_run import ROOT, TIMED_DEPLOYMENT
 
 from harness.calibrate.validate import TARGET, TOLERANCE, read_validation, validation_table
 from harness.sim.profiles import ValidationRow, load_hardware_profile
 
 pytestmark = [pytest.mark.slow, pytest.mark.cpu_vllm, pytest.mark.vllm_server]
 
-CALIBRATION_POINTS = ("cpu-baseline:c1", "cpu-baseline:c4")
+# on the server the shared sweep runs alone (tests/cpu_vllm_run.py): the only one whose timing is held
+CALIBRATION_POINTS = (f"{TIMED_DEPLOYMENT}:c1", f"{TIMED_DEPLOYMENT}:c4")
 HELD_OUT = ("cpu-baseline:c2", "cpu-baseline:c8", "cpu-pressured:c1", "cpu-pressured:c2", "cpu-pressured:c4",
             "cpu-pressured:c8")
 CALIBRATED_UP_TO = 4  # the largest concurrency among the calibration points
@@ -48,7 +49,7 @@ def _concurrency(point: str) -> int:
 
 
 def _on_the_fit_server(point: str) -> bool:
-    return point.rsplit(":", 1)[0] in {p.rsplit(":", 1)[0] for p in CALIBRATION_POINTS}
+    return point.startswith(f"{TIMED_DEPLOYMENT}:")
 
 
 def _errors(row: ValidationRow) -> dict[str, float | None]:
