@@ -24,7 +24,7 @@ from harness.builds.kernels import (
     run_step,
     torch_version_of,
 )
-from harness.builds.locks import find_lock, install_argv, pip_install
+from harness.builds.locks import find_lock, install_argv, keep_bytecode, pip_install
 from harness.io import json_digest
 
 
@@ -50,6 +50,7 @@ def ensure_kernel_dev_env(cache_root: Path | None = None, progress: Progress | N
                                            "install CPU torch and the test tools (no lock: resolved today)", {}))
         for step in [KernelStep([sys.executable, "-m", "venv", str(tmp)], "create the venv", {}), install]:
             run_step(step, log_path, progress, "kernel dev env")
+        keep_bytecode(tmp)  # the kernel tests import torch in a dozen processes
         torch_version = torch_version_of(python)
         if "+cpu" not in torch_version:
             raise KernelBuildError(f"the kernel dev env got torch {torch_version}, not a CPU build (log "

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,8 +27,10 @@ from harness.builds.locks import (
     canonical,
     differences,
     find_lock,
+    keep_bytecode,
     lock_path,
     read_lock,
+    venv_site_packages,
 )
 from harness.builds.probe import BuildError, probe_build
 from harness.config import BuildSpec, LaunchProfile
@@ -203,6 +207,31 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def test_an_environment_the_harness_made_writes_bytecode_under_pythondontwritebytecode(tmp_path):
+    """With PYTHONDONTWRITEBYTECODE set, a venv's processes import from source every time, unless the
+    harness made the venv (keep_bytecode): then the first import writes the bytecode the next one reads."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "imported_here.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(code)}
+
+    def import_with(venv: Path) -> None:
+        shutil.rmtree(code / "__pycache__", ignore_errors=True)
+        subprocess.run([str(venv / "bin" / "python"), "-c", "import imported_here"], env=env, check=True)
+
+    for venv in (tmp_path / "plain", tmp_path / "made"):
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        assert venv_site_packages(venv).is_dir()
+    import_with(tmp_path / "plain")
+    assert not (code / "__pycache__").exists()  # honoured where the harness did not make the venv
+
+    keep_bytecode(tmp_path / "made")
+    keep_bytecode(tmp_path / "made")  # idempotent
+    assert [p.name for p in venv_site_packages(tmp_path / "made").glob("*.pth")] == ["harness-writes-bytecode.pth"]
+    import_with(tmp_path / "made")
+    assert [p.name for p in (code / "__pycache__").iterdir()] == [f"imported_here.{sys.implementation.cache_tag}.pyc"]
+
+
 @pytest.mark.slow
 @pytest.mark.cpu_vllm
 def test_the_cpu_environment_is_its_lock_and_loads_the_kernels_this_cpu_runs(tmp_path):
@@ -228,3 +257,6 @@ def test_the_cpu_environment_is_its_lock_and_loads_the_kernels_this_cpu_runs(tmp
                                            "torch.cpu._is_avx512_bf16_supported = lambda: False\n")
     avx2 = probe_build(env.python, {"PYTHONPATH": str(site)})
     assert avx2.vllm_version == "0.32.0" and avx2.kernel_libraries == ("_C_AVX2.abi3.so",), avx2
+    # its processes keep the bytecode of what they import, whatever PYTHONDONTWRITEBYTECODE says
+    assert (Path(env.env_dir) / "lib").is_dir()
+    assert list((venv_site_packages(Path(env.env_dir)) / "vllm" / "__pycache__").glob("__init__.*.pyc"))

@@ -31,6 +31,7 @@ from harness.builds.locks import (
     find_lock,
     install_argv,
     installed_versions,
+    keep_bytecode,
     pip_install,
 )
 from harness.builds.probe import BuildError
@@ -136,6 +137,7 @@ def _build_into(spec: str, tmp: Path, final: Path, progress: Progress) -> Client
     steps = recipe_steps(spec, tmp, lock)
     for i, step in enumerate(steps, 1):
         _run_step(step, log_path, progress, f"client evalscope {spec} [{i}/{len(steps)}]")
+    keep_bytecode(tmp)  # each point's client imports EvalScope again
     if lock is not None:
         try:
             moved = differences(lock, installed_versions(str(tmp / "bin" / "python")))
@@ -171,6 +173,7 @@ def ensure_client(spec: str, clients_dir: Path | None = None, progress: Progress
 
     env, created = build_once(final, find=lambda: read_client_marker(final), build=build)
     if not created:
+        keep_bytecode(final)  # a client built before the harness kept bytecode gets it too
         return env
     progress(f"built EvalScope {env.evalscope_version} in {env.build_s:.0f}s")
     return env

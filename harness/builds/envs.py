@@ -46,6 +46,7 @@ from harness.builds.locks import (
     freeze_lines,
     install_argv,
     installed_versions,
+    keep_bytecode,
     pip_install,
 )
 from harness.builds.probe import BuildError, probe_build
@@ -359,6 +360,7 @@ def _build_into(spec: BuildSpec, tmp: Path, final: Path, progress: Progress, loc
     steps = recipe_steps(spec, tmp, lock)
     for i, step in enumerate(steps, 1):
         _run_step(step, log_path, progress, f"build {spec.vllm} [{i}/{len(steps)}]")
+    keep_bytecode(tmp)
     resolved = _check_installed(spec, str(_venv_python(tmp)), lock, log_path)
     probe = probe_build(str(_venv_python(tmp)))
     if probe.vllm_version is None:
@@ -429,6 +431,7 @@ def ensure_build(profile: LaunchProfile, cache_dir: Path | None = None, progress
     if spec.kernels == "bundled" and _builds_cuda(spec):  # even where the vLLM itself is built already
         _refuse_cuda_here(spec, final, progress, built=found is not None, cache_dir=cache_dir)
     if found is not None:
+        keep_bytecode(final)  # an environment built before the harness kept bytecode gets it too
         return found
     if spec.kind == "git":
         _refuse_cuda_here(spec, final, progress, built=False, cache_dir=cache_dir)
