@@ -32,6 +32,11 @@ os.environ.setdefault(MARKER, uuid.uuid4().hex)
 # One build session for every process of this run: an environment whose build failed is not built again
 # by the next test that needs it (harness/builds/cached.py); the next test fails at once with the same line.
 os.environ.setdefault("HISPARSE_BUILD_SESSION", os.environ[MARKER])
+# The suite's processes keep the bytecode of what they import (the harness's own modules: every
+# `python -m harness`, simulated server and Ray worker of the suite imports them again), whatever
+# PYTHONDONTWRITEBYTECODE says where the suite runs; the environments the harness builds do so anyway
+# (harness/builds/locks.py, keep_bytecode).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 # Command-line fragments of the processes the harness starts (servers, clients).
 HARNESS_CHILDREN = ("evalscope", "serve-sim", "vllm.entrypoints", "fake_openai.py", "harness sweep")
 
