@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import re
 import subprocess
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.io import atomic_write_text
 
 LOCKS_DIR = Path(__file__).resolve().parents[1] / "data" / "locks"
 # Where a refresh writes the harness's own test install's constraints (no hashes: pip's constraints
@@ -175,9 +175,7 @@ def keep_bytecode(env_dir: Path) -> None:
     except OSError:
         pass
     try:
-        staged = path.with_name(f".{BYTECODE_PTH}.{os.getpid()}.tmp")
-        staged.write_text(_BYTECODE_LINE, encoding="utf-8")
-        os.replace(staged, path)  # a process starting meanwhile reads the whole line or no file
+        atomic_write_text(path, _BYTECODE_LINE)  # a process starting meanwhile reads the line or no file
     except OSError:
         pass
 
