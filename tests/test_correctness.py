@@ -152,10 +152,12 @@ def _night(nights: Nights, run_id: str, tmp_path: Path) -> subprocess.CompletedP
                           timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT), "MPLBACKEND": "Agg"})
 
 
-# The performance gate these nights pass is the catalogue's, widened 3x: the three nights run beside other
-# tests (a neighbour's load moves a served sim night's timing by tens of percent), and what this test holds
-# is that the correctness gate fails a build whose numbers the performance gate takes.
-_WIDE = {"min_ratio": lambda v: v / 3, "max_ratio": lambda v: v * 3, "max_drop": lambda v: v * 3,
+# The performance gate these nights pass is the catalogue's, widened: the three nights run beside other
+# tests, and what this test holds is that the correctness gate fails a build whose numbers the performance
+# gate takes. A neighbour's load moves a served sim night's throughput by tens of percent, and its latency
+# ratios (max_ratio) by more: mean TTFT went from 89 ms to 431 ms (4.8x) between two honest nights when a
+# real vLLM server started beside the second one on a 2-vCPU VM.
+_WIDE = {"min_ratio": lambda v: v / 3, "max_ratio": lambda v: v * 10, "max_drop": lambda v: v * 3,
          "max_rise": lambda v: v * 3}
 
 
