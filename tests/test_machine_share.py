@@ -15,7 +15,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 
 # One worker: it takes the machine alone, says so, waits for "share", hands it back with shared_from_here,
-# says so, waits for "end", lets go.
+# says so (with the time it began to), waits for "end", lets go.
 MEASURER = """
 import sys, time
 from machine_share import alone_from_here, machine, shared_from_here
@@ -23,8 +23,9 @@ with machine(alone=False):
     alone_from_here()
     print("alone", time.monotonic(), flush=True)
     sys.stdin.readline()
+    sharing_from = time.monotonic()  # before the hand-back: a neighbour may run before this process prints
     shared_from_here()
-    print("shared", time.monotonic(), flush=True)
+    print("shared", sharing_from, flush=True)
     sys.stdin.readline()
 """
 # Another worker's ordinary test: it says when it got the machine.
