@@ -5,7 +5,6 @@ servers get their kernels through harness/builds/kernels.py's overlay."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,11 +19,10 @@ from harness.builds.kernels import (
     KernelStep,
     Progress,
     ensure_kernel_overlay,
-    python_facts,
     run_step,
     torch_version_of,
 )
-from harness.builds.locks import find_lock, install_argv, keep_bytecode, pip_install
+from harness.builds.locks import find_lock, install_argv, keep_bytecode, pip_install, set_pth
 from harness.io import json_digest
 
 
@@ -64,10 +62,5 @@ def ensure_kernel_dev_env(cache_root: Path | None = None, progress: Progress | N
     python = env_dir / "bin" / "python"
     torch_version = json.loads((env_dir / MARKER).read_text(encoding="utf-8"))["torch"]
     overlay = ensure_kernel_overlay(str(python), torch_version, None, cache_root, progress, source_dir)
-    site = Path(python_facts(str(python), "import sysconfig; print(sysconfig.get_paths()['purelib'])"))
-    pointer = site / "hisparse_kernels_overlay.pth"
-    if not pointer.is_file() or pointer.read_text(encoding="utf-8").strip() != str(overlay.path):
-        staged = site / ".hisparse_kernels_overlay.pth.tmp"
-        staged.write_text(f"{overlay.path}\n", encoding="utf-8")
-        os.replace(staged, pointer)  # atomic: a concurrent reader sees the old or the new overlay
+    set_pth(env_dir, "hisparse_kernels_overlay.pth", f"{overlay.path}\n")  # the overlay on the venv's path
     return python

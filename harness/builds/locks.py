@@ -165,17 +165,19 @@ def venv_site_packages(env_dir: Path) -> Path:
     return env_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 
 
+def set_pth(env_dir: Path, name: str, line: str) -> None:
+    """Make the venv's site-packages file `name` hold `line` (written atomically, and only where it holds
+    something else): site.py reads it in every interpreter of the venv. OSError where it cannot."""
+    path = venv_site_packages(env_dir) / name
+    if not path.is_file() or path.read_text(encoding="utf-8") != line:
+        atomic_write_text(path, line)  # a process starting meanwhile reads the old file or the new one
+
+
 def keep_bytecode(env_dir: Path) -> None:
     """Let every process of the venv at `env_dir` write the bytecode of what it imports (see above).
     Idempotent; an environment this user cannot write to is left as it is."""
-    path = venv_site_packages(env_dir) / BYTECODE_PTH
     try:
-        if path.read_text(encoding="utf-8") == _BYTECODE_LINE:
-            return
-    except OSError:
-        pass
-    try:
-        atomic_write_text(path, _BYTECODE_LINE)  # a process starting meanwhile reads the line or no file
+        set_pth(env_dir, BYTECODE_PTH, _BYTECODE_LINE)
     except OSError:
         pass
 
