@@ -148,8 +148,11 @@ def _server() -> SimServer:
 def test_running_gauge_equals_the_step_record_at_every_scrape() -> None:
     server = _server()
     scrapes, records = _run_point(server, concurrency=3, conversations=6, turns=3)
+    # Enough scrapes while requests ran to mean something. The scrape count itself follows how fast
+    # this machine answers them (98 in all, 85 busy, in a full suite on 2 loaded cores), so it is the
+    # busy ones, and below the telling ones, that are counted.
     busy = [s for s in scrapes if s.running > 0]
-    assert len(scrapes) > 100 and len(busy) > 50, (len(scrapes), len(busy))
+    assert len(busy) > 50, (len(scrapes), len(busy))
     assert _mismatches(scrapes, records) == []
     # the point ran as loaded: the gauge saw the three workers at once, and nothing beyond them
     assert max(s.running for s in scrapes) == 3 == max(r.num_running for r in records)
