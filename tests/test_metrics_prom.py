@@ -99,7 +99,12 @@ def test_what_servers_write_takes_the_plain_path(text):
     from harness.metrics.prom import _parse_plain
 
     assert _parse_plain(text, ("vllm:",)) is not None  # the fast path, not the fallback
-    assert len(parse_exposition(VLLM_CPU_TEXT, ["vllm:"])) == 374
+
+
+def test_the_vllm_cpu_capture_keeps_its_vllm_families():
+    samples = parse_exposition(VLLM_CPU_TEXT, ["vllm:"])
+    assert len(samples) == 374 and all(s.name.startswith("vllm:") for s in samples)
+    assert Sample("vllm:num_preemptions_total", {"engine": "0", "model_name": "tiny-llama"}, 0.0) in samples
 
 
 @pytest.mark.parametrize("text", UNPLAIN)

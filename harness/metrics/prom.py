@@ -91,7 +91,7 @@ def _labels(text: str) -> dict[str, str]:
                 break
             found[match.group(1)] = match.group(2)
             end = match.end()
-        if found is not None and (end != len(text) or (text and text[-1] == ",")):
+        if found is not None and (end != len(text) or text.endswith(",")):
             found = None  # a trailing comma or anything the pairs did not cover
         if len(_label_sets) > 20_000:
             _label_sets.clear()
@@ -111,22 +111,23 @@ def _number(text: str) -> float:
         return float(text)
 
 
+def _add_family(samples: list[Sample], name: str, kind: str, rows: list[Sample],
+                keep_prefixes: Sequence[str]) -> None:
+    """A family's samples, where it is kept; a counter is named as prometheus_client names it."""
+    if kind == "counter":
+        if name.endswith("_total"):
+            name = name[:-6]
+        else:
+            rows = [Sample(s.name + "_total", s.labels, s.value) for s in rows]
+    if family_kept(name, keep_prefixes):
+        samples.extend(rows)
+
+
 def _parse_plain(text: str, keep_prefixes: Sequence[str]) -> list[Sample] | None:
     """The samples, or None where a line is not plain (then prometheus_client parses the whole text)."""
     samples: list[Sample] = []
     family, kind, allowed = "", "untyped", ()
-    family_samples: list[Sample] = []
-
-    def close() -> None:
-        name, rows = family, family_samples
-        if kind == "counter":
-            if name.endswith("_total"):
-                name = name[:-6]
-            else:
-                rows = [Sample(s.name + "_total", s.labels, s.value) for s in rows]
-        if family_kept(name, keep_prefixes):
-            samples.extend(rows)
-
+    rows: list[Sample] = []
     try:
         for line in text.split("\n"):
             if not line or line.isspace():
@@ -135,18 +136,16 @@ def _parse_plain(text: str, keep_prefixes: Sequence[str]) -> list[Sample] | None
                 match = _COMMENT.fullmatch(line)
                 if match is None:
                     parts = line.split(None, 2)
-                    if len(parts) >= 2 and parts[1] in ("HELP", "TYPE"):
-                        raise _NotPlain
-                    if len(parts) >= 2 and parts[0] != "#":
-                        raise _NotPlain  # "#x y": prometheus_client reads the words differently
+                    if len(parts) >= 2 and (parts[1] in ("HELP", "TYPE") or parts[0] != "#"):
+                        raise _NotPlain  # a HELP or TYPE line of another shape, or "#x y"
                     continue  # any other comment is ignored, as prometheus_client ignores it
                 word, name, rest = match.groups()
-                if word == "TYPE" and (rest is None or rest != rest.strip() or " " in rest or "\t" in rest):
-                    raise _NotPlain
+                if word == "TYPE" and (rest is None or rest.split() != [rest]):
+                    raise _NotPlain  # no type, or more than one word
                 if name != family:
                     if family:
-                        close()
-                    family, family_samples = name, []
+                        _add_family(samples, family, kind, rows, keep_prefixes)
+                    family, rows = name, []
                     if word == "HELP":
                         kind, allowed = "untyped", (name,)
                 if word == "TYPE":
@@ -161,15 +160,15 @@ def _parse_plain(text: str, keep_prefixes: Sequence[str]) -> list[Sample] | None
                 _number(timestamp)  # read only to refuse a malformed one
             sample = Sample(name, _labels(label_text) if label_text else {}, _number(value))
             if name in allowed:
-                family_samples.append(sample)
+                rows.append(sample)
                 continue
+            # a sample outside the open family: that family ends, and this one stands alone, untyped
             if family:
-                close()
-            family, kind, allowed, family_samples = name, "untyped", (), [sample]
-            close()  # an untyped sample of its own
-            family, family_samples = "", []
+                _add_family(samples, family, kind, rows, keep_prefixes)
+            _add_family(samples, name, "untyped", [sample], keep_prefixes)
+            family, kind, allowed, rows = "", "untyped", (), []
     except (_NotPlain, ValueError):
         return None  # prometheus_client reads it, and words any error its own way
     if family:
-        close()
+        _add_family(samples, family, kind, rows, keep_prefixes)
     return samples
