@@ -37,10 +37,9 @@ from harness.records import PointRecord, Record
 from harness.results import RunPaths, RunRecorder, new_run_id, read_point, run_dir_for
 from harness.runner import SweepOptions, SweepOutcome, open_recorder, run_sweep
 from harness.servers.base import read_log_head, read_log_tail
-from harness.sim.capacity import kv_capacity, refusal
+from harness.sim.capacity import hisparse_start_lines, kv_capacity, refusal
 from harness.sim.engine import Engine
 from harness.sim.engine_config import engine_config, stable_seed
-from harness.sim.server import hisparse_start_lines
 from harness.sim.virtual import shapes_from_recipe
 from harness.simulate import SIMULATED_NOTE, SimulateOptions, SimulateOutcome, simulate_point
 

@@ -164,3 +164,22 @@ def test_the_layer_diagram_in_the_docs_is_this_tests_layers():
     wanted = {i: {m.removeprefix("harness.") for m in layer if m != "harness"} for i, layer in enumerate(LAYERS)}
     wanted[8].discard("__main__")
     assert shown == wanted
+
+
+def _closure(module: str, edges: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [module]
+    while todo:
+        for imported in edges.get(todo.pop(), set()) - seen:
+            seen.add(imported)
+            todo.append(imported)
+    return seen
+
+
+def test_commands_that_start_no_run_do_not_import_the_run_stack():
+    """One serve-sim process per simulated server, and plan, compare and calc on every call: the session pulls
+    in the runner, the capacity search and the report, about a second of CPU each time, for nothing."""
+    edges, _ = _imports()
+    for command in ("serve_sim", "plan", "compare", "calc"):
+        reached = _closure(f"harness.commands.{command}", edges)
+        assert not reached & {"harness.session", "harness.runner", "harness.capacity"}, (command, sorted(reached))
+    assert "harness.session" in _closure("harness.commands.sweep", edges)  # the check sees a real path

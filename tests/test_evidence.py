@@ -29,8 +29,8 @@ from harness.metrics.derive import derive_point_metrics
 from harness.metrics.prom import parse_exposition
 from harness.metrics.scrape import ScrapeRecord
 from harness.records import HiSparseEvidence
+from harness.sim.capacity import hisparse_start_lines
 from harness.sim.engine_config import engine_config
-from harness.sim.server import hisparse_start_lines
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics"
 REPO = Path(__file__).resolve().parents[1]

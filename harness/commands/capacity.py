@@ -9,7 +9,8 @@ from pathlib import Path
 
 from harness.capacity import capacity_lines
 from harness.commands import common
-from harness.commands.common import ServedRunArgs, option, positional, print_run_end, progress
+from harness.commands.common import option, positional, progress
+from harness.commands.session_args import ServedRunArgs, print_run_end
 from harness.config import load_sweep
 from harness.io import display_path
 from harness.session import run_session

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from harness.config import Dialect
-from harness.session import SessionOptions, SessionResult
 
 DIALECT_CHOICES = typing.get_args(Dialect)
 T = TypeVar("T", bound="CommandArgs")
@@ -146,33 +145,3 @@ def clients_dir() -> Any:
 
 def store() -> Any:
     return option("--store", "history folder (created if new)", type=Path, metavar="S", required=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class ServedRunArgs(CommandArgs):
-    """The flags of every command that starts a sweep's servers (`sweep`, `capacity`), declared once."""
-
-    run_id: str | None = run_id()
-    launcher: str = launcher()
-    dialect: str | None = dialect("render HiSparse flags for")
-    ray_gpus: int | None = ray_gpus()
-    results_dir: Path = results_dir()
-    envs_dir: Path | None = envs_dir()
-    clients_dir: Path | None = clients_dir()
-    no_report: bool = no_report()
-
-    def session_options(self, **more: Any) -> SessionOptions:
-        return SessionOptions(run_id=self.run_id, results_root=self.results_dir, launcher=self.launcher,
-                              dialect=self.dialect, ray_gpus=self.ray_gpus, envs_dir=self.envs_dir,
-                              clients_dir=self.clients_dir, outputs=not self.no_report, **more)
-
-
-def print_run_end(result: SessionResult, headline: str) -> None:
-    """What a finished run prints last: failures, its headline, the report's warnings, where its outputs are."""
-    for failure in result.failures:
-        print(f"  failed: {failure}", file=sys.stderr)
-    print(headline)
-    for line in result.outputs.warnings:
-        print(line, file=sys.stderr)
-    for line in result.outputs.lines():
-        print(line)

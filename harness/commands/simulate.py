@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.commands import common
-from harness.commands.common import CommandArgs, positional, print_run_end, progress
+from harness.commands.common import CommandArgs, positional, progress
+from harness.commands.session_args import print_run_end
 from harness.config import load_sweep
 from harness.io import display_path
 from harness.session import SessionOptions, run_session

@@ -6,7 +6,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.commands.common import ServedRunArgs, positional, print_run_end, progress
+from harness.commands.common import positional, progress
+from harness.commands.session_args import ServedRunArgs, print_run_end
 from harness.config import load_sweep
 from harness.io import display_path
 from harness.session import run_session

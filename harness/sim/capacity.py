@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from harness.evidence import START_CONCURRENCY, START_ENABLED, START_POOLS
 from harness.sim.state import EngineConfig
 
 GIB = 2**30
@@ -73,3 +74,22 @@ def refusal(config: EngineConfig) -> str | None:
     estimate = ESTIMATE.format(tokens=fits) if fits > 0 else ""
     return REFUSAL.format(max_model_len=config.max_model_len, needed=_gib(needed), available=_gib(available),
                           estimate=estimate)
+
+
+def hisparse_start_lines(config: EngineConfig) -> list[str]:
+    """The start-up lines vLLM logs when HiSparse is on (docs/facts.md §2), from the engine's own pools.
+
+    The steady-state concurrency is the calculator's rule applied to those pools (docs/facts.md §4):
+    max(baseline, min(max_num_seqs, GPU limit, host limit)) for requests of max_model_len tokens."""
+    if config.policy != "hisparse" or config.host_pool_bytes is None:
+        return []
+    sizing, tokens = config.sizing, config.max_model_len
+    blocks = math.ceil(tokens / config.block_size)
+    gpu_pages, host_blocks = sizing.pool_hisparse_pages, config.host_pool_bytes // sizing.host_block_bytes
+    gpu_limit = gpu_pages // (blocks + config.hot_pages_per_request)
+    baseline = min(config.max_num_seqs, sizing.pool_full_blocks // blocks)
+    concurrency = max(baseline, min(config.max_num_seqs, gpu_limit, host_blocks // blocks))
+    return [START_ENABLED % (config.index_topk, config.hot_rows, max(0, config.hot_rows - config.index_topk),
+                             config.max_num_seqs),
+            START_POOLS % (config.host_pool_bytes / 2**30, host_blocks, sizing.kv_bytes_per_gpu / 2**30, gpu_pages),
+            START_CONCURRENCY % (tokens, concurrency)]

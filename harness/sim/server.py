@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import random
 import sys
@@ -24,10 +23,9 @@ from harness.config import LaunchProfile
 from harness.config.prompts import load_prompt_set
 from harness.config.sim import SimSettings
 from harness.errors import HarnessError
-from harness.evidence import START_CONCURRENCY, START_ENABLED, START_POOLS
-from harness.sim.capacity import kv_capacity, refusal
+from harness.sim.capacity import hisparse_start_lines, kv_capacity, refusal
 from harness.sim.counters import EngineGauges
-from harness.sim.engine import Engine, EngineConfig, FinishedRequest, SimRequest
+from harness.sim.engine import Engine, FinishedRequest, SimRequest
 from harness.sim.engine_config import engine_config
 from harness.sim.exposition import MALFORMED_METRICS_TEXT, MetricsText
 from harness.sim.prompt import PromptMeasurer
@@ -356,25 +354,6 @@ class SimServer:
         if c.policy == "hisparse":
             parts.append(f"hot rows {c.hot_rows} ({c.hot_pages_per_request} pages/request)")
         return ", ".join(parts)
-
-
-def hisparse_start_lines(config: EngineConfig) -> list[str]:
-    """The start-up lines vLLM logs when HiSparse is on (docs/facts.md §2), from the engine's own pools.
-
-    The steady-state concurrency is the calculator's rule applied to those pools (docs/facts.md §4):
-    max(baseline, min(max_num_seqs, GPU limit, host limit)) for requests of max_model_len tokens."""
-    if config.policy != "hisparse" or config.host_pool_bytes is None:
-        return []
-    sizing, tokens = config.sizing, config.max_model_len
-    blocks = math.ceil(tokens / config.block_size)
-    gpu_pages, host_blocks = sizing.pool_hisparse_pages, config.host_pool_bytes // sizing.host_block_bytes
-    gpu_limit = gpu_pages // (blocks + config.hot_pages_per_request)
-    baseline = min(config.max_num_seqs, sizing.pool_full_blocks // blocks)
-    concurrency = max(baseline, min(config.max_num_seqs, gpu_limit, host_blocks // blocks))
-    return [START_ENABLED % (config.index_topk, config.hot_rows, max(0, config.hot_rows - config.index_topk),
-                             config.max_num_seqs),
-            START_POOLS % (config.host_pool_bytes / 2**30, host_blocks, sizing.kv_bytes_per_gpu / 2**30, gpu_pages),
-            START_CONCURRENCY % (tokens, concurrency)]
 
 
 async def serve(server: SimServer, host: str, port: int) -> None:
