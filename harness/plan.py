@@ -279,7 +279,7 @@ def _sizing(loaded: LoadedSweep, arm: _Arm) -> Sizing | None:
     seq_len = (profile.serve.max_model_len if arm.context_tokens is not None and profile.serve.max_model_len
                else conversation_tokens(arm.recipe.recipe, loaded.sweep.client.max_tokens))
     result = sizing_for_launch(profile, seq_len)
-    concurrencies = [p.concurrency for p in loaded.sweep.client.point_list]
+    concurrencies = loaded.sweep.concurrencies_of(arm.arm)
     return Sizing(seq_len=seq_len, predicted_concurrency=result.predicted_total,
                   baseline_concurrency=result.baseline_total, layout=result.layout,
                   warnings=tuple(sizing_warnings(profile, seq_len, concurrencies)))
@@ -329,12 +329,13 @@ def make_plan(loaded: LoadedSweep, dialect: str | None = None, envs_dir: Path | 
                                  stop_grace_s=grace)
         served = sweep.client.model or profile.served_model_name
         api_key = profile.api_key
+        runs = sweep.concurrencies_of(dep.arm)
         points = tuple(
             PointPlan(dep.name, p.concurrency, p.conversations, off,
                       client_argv=tuple(client_argv_template(client, sweep.client, model=served, concurrency=p.concurrency,
                                                              conversations=p.conversations, dataset_offset=off,
                                                              name=f"{dep.name}-c{p.concurrency}", api_key=api_key)))
-            for p, off in zip(specs, offsets, strict=True))
+            for p, off in zip(specs, offsets, strict=True) if p.concurrency in runs)
         sizing = _sizing(loaded, dep)
         if sizing is not None:
             warnings += [f"{dep.name}: {w}" for w in sizing.warnings]

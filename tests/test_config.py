@@ -136,6 +136,20 @@ def test_negative_pool_size(tmp_path):
     assert "l.yaml: kv.offload.cpu_bytes:" in msg and "negative" in msg
 
 
+def test_an_arm_names_only_the_clients_concurrencies(tmp_path):
+    points = "points: [{concurrency: 1, conversations: 2}, {concurrency: 4, conversations: 8}]"
+    two_arms = _sweep(points=points)
+    msg = _error(_write(tmp_path, sweep=two_arms.replace("{name: b, launch: l.yaml}", "{name: b, launch: l.yaml, concurrencies: [4, 2]}")))
+    assert msg.endswith("s.yaml: deployments[1].concurrencies: 2 is not one of the client's points (c1, c4)")
+    msg = _error(_write(tmp_path, sweep=two_arms.replace("{name: a, launch: l.yaml}", "{name: a, launch: l.yaml, concurrencies: []}")))
+    assert msg.endswith("s.yaml: deployments[0].concurrencies: give at least one, or leave it out for every point")
+    msg = _error(_write(tmp_path, sweep=two_arms.replace("{name: a, launch: l.yaml}", "{name: a, launch: l.yaml, concurrencies: [4, 4]}")))
+    assert msg.endswith("s.yaml: deployments[0].concurrencies: a value appears twice")
+    loaded = load_sweep(_write(tmp_path, sweep=two_arms.replace("{name: a, launch: l.yaml}",
+                                                                 "{name: a, launch: l.yaml, concurrencies: [4]}")))
+    assert loaded.sweep.concurrencies_of("a") == [4] and loaded.sweep.concurrencies_of("b") == [1, 4]
+
+
 def test_unequal_point_lists(tmp_path):
     msg = _error(_write(tmp_path, sweep=_sweep(points="parallel: [1, 8]\n  number: [4, 16, 32]")))
     assert "s.yaml: client:" in msg and "concurrency has 2 values but conversations has 3" in msg

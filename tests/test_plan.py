@@ -197,3 +197,21 @@ def test_a_server_pinning_host_memory_gets_a_longer_stop_and_vllm_waits_for_its_
     custom = make_plan(load_sweep(sweep))
     assert custom.deployments[0].stop_grace_s == 90
     assert custom.deployments[0].command.env[WORKER_SHUTDOWN_ENV] == "80"
+
+
+def test_an_arm_runs_only_its_own_concurrencies_on_the_same_conversations(tmp_path):
+    sweep = (ROOT / "sweeps/tp8.yaml").read_text().replace("../", str(ROOT) + "/")
+    first = next(line for line in sweep.splitlines() if line.lstrip().startswith("- {name:"))
+    (tmp_path / "s.yaml").write_text(sweep.replace(first, first.replace("}", ", concurrencies: [32, 8]}")))
+    plan = make_plan(load_sweep(tmp_path / "s.yaml"))
+    few, every = plan.deployments
+    # the client's point order, and each point at the offset every arm sends it from
+    assert [p.concurrency for p in few.points] == [8, 32]
+    assert [p.concurrency for p in every.points] == [1, 8, 16, 24, 32]
+    assert [p.dataset_offset for p in few.points] == [56, 152]
+    assert {(p.concurrency, p.dataset_offset) for p in few.points} <= \
+        {(p.concurrency, p.dataset_offset) for p in every.points}
+    assert plan.dataset.conversations_needed == 216  # the dataset still serves every arm's points
+    out = subprocess.run([sys.executable, "-m", "harness", "plan", str(tmp_path / "s.yaml")], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    assert "2 deployment(s), 7 point(s)" in out and out.count("c32 (64 conversations, offset 152)") == 2

@@ -75,9 +75,9 @@ def _plan_as_dict(plan: Plan) -> dict:
 
 def _plan_as_text(plan: Plan) -> str:
     sweep = plan.config
-    n_points = len(sweep.client.point_list)
+    n_points = sum(len(dep.points) for dep in plan.deployments)
     client = plan.client
-    lines = [f"Sweep {sweep.name} ({display_path(plan.loaded.path)}): {len(plan.deployments)} deployment(s) x "
+    lines = [f"Sweep {sweep.name} ({display_path(plan.loaded.path)}): {len(plan.deployments)} deployment(s), "
              f"{n_points} point(s), {sweep.gpus_per_server} GPU(s) per server",
              f"Dataset: {display_path(plan.dataset.recipe_path)} ({plan.dataset.recipe_name}): "
              f"{plan.dataset.describe()}",

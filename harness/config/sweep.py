@@ -184,6 +184,19 @@ class CorrectnessSettings(StrictModel):
 class DeploymentSpec(StrictModel):
     name: Slug
     launch: RelPath
+    concurrencies: list[int] | None = Field(
+        default=None, description="run only the client's points at these concurrencies (default: every point); "
+        "each keeps its dataset offset, so arms that share a point send the same conversations")
+
+    @field_validator("concurrencies")
+    @classmethod
+    def _some_distinct(cls, values: list[int] | None) -> list[int] | None:
+        if values is not None:
+            if not values:
+                raise ValueError("give at least one, or leave it out for every point")
+            if len(set(values)) != len(values):
+                raise ValueError("a value appears twice")
+        return values
 
     @field_validator("launch")
     @classmethod
@@ -244,5 +257,20 @@ class SweepFile(StrictModel):
                 raise ValueError(f"deployment name {d.name!r} appears twice")
             seen.add(d.name)
         return deps
+
+    @model_validator(mode="after")
+    def _deployment_points_exist(self) -> SweepFile:
+        known = [p.concurrency for p in self.client.point_list]
+        for i, dep in enumerate(self.deployments):
+            missing = [c for c in dep.concurrencies or [] if c not in known]
+            if missing:
+                raise ValueError(f"deployments[{i}].concurrencies: {missing[0]} is not one of the client's points "
+                                 f"({', '.join(f'c{c}' for c in known)})")
+        return self
+
+    def concurrencies_of(self, deployment: str) -> list[int]:
+        """The concurrencies a deployment runs, in the client's point order."""
+        chosen = next(d.concurrencies for d in self.deployments if d.name == deployment)
+        return [p.concurrency for p in self.client.point_list if chosen is None or p.concurrency in chosen]
 
 
