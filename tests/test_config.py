@@ -142,12 +142,20 @@ def test_an_arm_names_only_the_clients_concurrencies(tmp_path):
     msg = _error(_write(tmp_path, sweep=two_arms.replace("{name: b, launch: l.yaml}", "{name: b, launch: l.yaml, concurrencies: [4, 2]}")))
     assert msg.endswith("s.yaml: deployments[1].concurrencies: 2 is not one of the client's points (c1, c4)")
     msg = _error(_write(tmp_path, sweep=two_arms.replace("{name: a, launch: l.yaml}", "{name: a, launch: l.yaml, concurrencies: []}")))
-    assert msg.endswith("s.yaml: deployments[0].concurrencies: give at least one, or leave it out for every point")
+    assert msg.endswith("s.yaml: deployments[0].concurrencies: give at least one value, or leave it out for every point")
     msg = _error(_write(tmp_path, sweep=two_arms.replace("{name: a, launch: l.yaml}", "{name: a, launch: l.yaml, concurrencies: [4, 4]}")))
     assert msg.endswith("s.yaml: deployments[0].concurrencies: a value appears twice")
     loaded = load_sweep(_write(tmp_path, sweep=two_arms.replace("{name: a, launch: l.yaml}",
                                                                  "{name: a, launch: l.yaml, concurrencies: [4]}")))
     assert loaded.sweep.concurrencies_of("a") == [4] and loaded.sweep.concurrencies_of("b") == [1, 4]
+
+
+def test_a_contexts_list_is_named_once_in_its_errors(tmp_path):
+    sweep = _sweep()
+    msg = _error(_write(tmp_path, sweep=sweep.replace("deployments:", "contexts: [100, 100]\ndeployments:")))
+    assert msg.endswith("s.yaml: contexts: a length appears twice")
+    msg = _error(_write(tmp_path, sweep=sweep.replace("deployments:", "contexts: []\ndeployments:")))
+    assert msg.endswith("s.yaml: contexts: give at least one length, or leave it out for the recipe's first_turn_length")
 
 
 def test_unequal_point_lists(tmp_path):

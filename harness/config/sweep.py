@@ -181,6 +181,17 @@ class CorrectnessSettings(StrictModel):
     max_tokens: int = Field(default=24, gt=0)
 
 
+def _none_or_distinct(values: list[int] | None, item: str, default: str) -> list[int] | None:
+    """An optional list that, when given, is not empty and names no item twice (the error's location is the
+    field's, added by the loader)."""
+    if values is not None:
+        if not values:
+            raise ValueError(f"give at least one {item}, or leave it out {default}")
+        if len(set(values)) != len(values):
+            raise ValueError(f"a {item} appears twice")
+    return values
+
+
 class DeploymentSpec(StrictModel):
     name: Slug
     launch: RelPath
@@ -191,12 +202,7 @@ class DeploymentSpec(StrictModel):
     @field_validator("concurrencies")
     @classmethod
     def _some_distinct(cls, values: list[int] | None) -> list[int] | None:
-        if values is not None:
-            if not values:
-                raise ValueError("give at least one, or leave it out for every point")
-            if len(set(values)) != len(values):
-                raise ValueError("a value appears twice")
-        return values
+        return _none_or_distinct(values, "value", "for every point")
 
     @field_validator("launch")
     @classmethod
@@ -236,12 +242,7 @@ class SweepFile(StrictModel):
     @field_validator("contexts")
     @classmethod
     def _distinct_contexts(cls, contexts: list[int] | None) -> list[int] | None:
-        if contexts is not None:
-            if not contexts:
-                raise ValueError("contexts: give at least one length, or leave it out")
-            if len(set(contexts)) != len(contexts):
-                raise ValueError("contexts: a length appears twice")
-        return contexts
+        return _none_or_distinct(contexts, "length", "for the recipe's first_turn_length")
 
     @field_validator("dataset")
     @classmethod

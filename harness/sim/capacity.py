@@ -4,7 +4,9 @@
   (vLLM's `update_kv_cache_capacity`; pools "GPU + host" with HiSparse, whose host groups are a separate
   pool: the smaller limit applies);
 - the refusal of a max_model_len whose one request cannot fit the KV cache, with vLLM's ValueError text
-  (`_check_enough_kv_cache_memory`), and its estimate of the largest length that would fit.
+  (`_check_enough_kv_cache_memory`), and its estimate of the largest length that would fit;
+- with HiSparse on, its three start-up lines: enabled, the pools, the steady-state concurrency
+  (docs/facts.md §2).
 
 A request at max_model_len needs ceil(max_model_len / block) blocks; on the HiSparse policy it needs them
 as HMA pages on the GPU (plus its hot buffer) and as blocks of the host pool.
@@ -91,5 +93,5 @@ def hisparse_start_lines(config: EngineConfig) -> list[str]:
     concurrency = max(baseline, min(config.max_num_seqs, gpu_limit, host_blocks // blocks))
     return [START_ENABLED % (config.index_topk, config.hot_rows, max(0, config.hot_rows - config.index_topk),
                              config.max_num_seqs),
-            START_POOLS % (config.host_pool_bytes / 2**30, host_blocks, sizing.kv_bytes_per_gpu / 2**30, gpu_pages),
+            START_POOLS % (config.host_pool_bytes / GIB, host_blocks, sizing.kv_bytes_per_gpu / GIB, gpu_pages),
             START_CONCURRENCY % (tokens, concurrency)]
